@@ -1,0 +1,263 @@
+/*
+ * tsbox-shim: the per-sandbox supervisor.
+ *
+ * tsbox starts one shim per sandbox, detached in its own session. The shim
+ * joins the sandbox's cgroups and network namespace, unshares the pid, ipc,
+ * uts and mount namespaces, and forks the sandbox's main process (pid 1 of the
+ * new pid namespace). It is that process's parent for its whole life, so it
+ * alone can read the real exit status: when the process ends it writes
+ * "<status> <seconds> <nanoseconds>" to <dir>/exit atomically (temp file,
+ * fsync, rename, fsync of the directory), touches the notify file, and exits.
+ * That is what lets an exit code survive a restart or a crash of tsbox.
+ *
+ * Protocol with tsbox, on the shim's stdout (a pipe), one line, then EOF:
+ *   "ok <shim-pid> <sandbox-pid>\n"  the sandbox process runs (exec succeeded)
+ *   "error <message>\n"              nothing runs; the shim exits 1
+ * The shim also writes "<shim-pid> <sandbox-pid>\n" to <dir>/pid before it
+ * answers, so a sandbox that runs always has a record naming it.
+ *
+ * Usage: tsbox-shim --dir DIR [--notify FILE] [--netns PATH] [--hostname NAME]
+ *                   [--cgroup DIR]... [--namespaces] [--cwd DIR] [--log FILE]
+ *                   [-- ARGV...]
+ * Without ARGV the sandbox process is a built-in pause that sleeps until it is
+ * signalled and exits 0 on SIGTERM or SIGINT, as the Kubernetes pause does.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CGROUPS 16
+
+static const char *dir;
+static char reply[1024];
+
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  int n = snprintf(reply, sizeof reply, "error ");
+  va_start(ap, fmt);
+  vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = strlen(reply);
+  reply[len] = '\n';
+  if (write(STDOUT_FILENO, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
+  _exit(1);
+}
+
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    buf += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Writes <dir>/<name> atomically and durably. */
+static int write_file_atomic(const char *name, const char *content) {
+  char tmp[4096], path[4096];
+  snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (write_all(fd, content, strlen(content)) < 0 || fsync(fd) < 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  if (rename(tmp, path) < 0) return -1;
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return 0;
+}
+
+static void on_stop_signal(int sig) { _exit(sig == SIGTERM || sig == SIGINT ? 0 : 128 + sig); }
+
+static void pause_forever(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  for (;;) pause();
+}
+
+int main(int argc, char **argv) {
+  const char *notify = NULL, *netns = NULL, *hostname = NULL, *cwd = "/", *logpath = NULL;
+  const char *cgroups[MAX_CGROUPS];
+  int ncgroups = 0, namespaces = 0;
+  char **cmd = NULL;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--") == 0) {
+      if (i + 1 < argc) cmd = &argv[i + 1];
+      break;
+    } else if (strcmp(a, "--namespaces") == 0) {
+      namespaces = 1;
+    } else if (v == NULL) {
+      fail("option %s needs a value", a);
+    } else if (strcmp(a, "--dir") == 0) {
+      dir = v, i++;
+    } else if (strcmp(a, "--notify") == 0) {
+      notify = v, i++;
+    } else if (strcmp(a, "--netns") == 0) {
+      netns = v, i++;
+    } else if (strcmp(a, "--hostname") == 0) {
+      hostname = v, i++;
+    } else if (strcmp(a, "--cwd") == 0) {
+      cwd = v, i++;
+    } else if (strcmp(a, "--log") == 0) {
+      logpath = v, i++;
+    } else if (strcmp(a, "--cgroup") == 0) {
+      if (ncgroups == MAX_CGROUPS) fail("too many --cgroup options");
+      cgroups[ncgroups++] = v, i++;
+    } else {
+      fail("unknown option %s", a);
+    }
+  }
+  if (dir == NULL) fail("--dir is required");
+
+  /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
+  signal(SIGHUP, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
+
+  char pidbuf[32];
+  snprintf(pidbuf, sizeof pidbuf, "%d", (int)getpid());
+  for (int i = 0; i < ncgroups; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write_all(fd, pidbuf, strlen(pidbuf)) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
+    close(fd);
+  }
+  if (netns != NULL) {
+    int fd = open(netns, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("open network namespace %s: %s", netns, strerror(errno));
+    if (setns(fd, CLONE_NEWNET) < 0) fail("join network namespace %s: %s", netns, strerror(errno));
+    close(fd);
+  }
+  if (namespaces && unshare(CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS) < 0)
+    fail("unshare namespaces: %s", strerror(errno));
+
+  int errpipe[2];
+  if (pipe2(errpipe, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
+  int logfd = -1;
+  if (logpath != NULL) {
+    logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) fail("open log %s: %s", logpath, strerror(errno));
+  }
+
+  pid_t child = fork();
+  if (child < 0) fail("fork: %s", strerror(errno));
+  if (child == 0) {
+    /* The sandbox process: its own process group, so tsbox can signal all of it. */
+    close(errpipe[0]);
+    setpgid(0, 0);
+    if (namespaces) {
+      /* Mounts stay inside the sandbox; /proc shows the sandbox's own pid namespace. */
+      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+      mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+      if (hostname != NULL && sethostname(hostname, strlen(hostname)) < 0) {
+        int e = errno;
+        (void)!write(errpipe[1], &e, sizeof e);
+        _exit(127);
+      }
+    }
+    int devnull = open("/dev/null", O_RDWR);
+    dup2(devnull, STDIN_FILENO);
+    dup2(logfd >= 0 ? logfd : devnull, STDOUT_FILENO);
+    dup2(logfd >= 0 ? logfd : devnull, STDERR_FILENO);
+    if (devnull > STDERR_FILENO) close(devnull);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    if (cmd == NULL) {
+      close(errpipe[1]); /* nothing to exec: tell the shim the sandbox runs */
+      pause_forever();
+    }
+    if (chdir(cwd) < 0) {
+      int e = errno;
+      (void)!write(errpipe[1], &e, sizeof e);
+      _exit(127);
+    }
+    execvp(cmd[0], cmd);
+    int e = errno;
+    (void)!write(errpipe[1], &e, sizeof e);
+    _exit(127);
+  }
+  close(errpipe[1]);
+  if (logfd >= 0) close(logfd);
+
+  int child_errno = 0;
+  ssize_t n;
+  do n = read(errpipe[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  close(errpipe[0]);
+  if (n > 0) {
+    waitpid(child, NULL, 0);
+    if (cmd != NULL)
+      fail("start %s: %s", cmd[0], strerror(child_errno));
+    fail("set up sandbox: %s", strerror(child_errno));
+  }
+
+  char pids[64];
+  snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
+  if (write_file_atomic("pid", pids) < 0) {
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    fail("write %s/pid: %s", dir, strerror(errno));
+  }
+  snprintf(reply, sizeof reply, "ok %s", pids);
+  if (write_all(STDOUT_FILENO, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
+  int devnull = open("/dev/null", O_RDWR);
+  dup2(devnull, STDIN_FILENO);
+  dup2(devnull, STDOUT_FILENO);
+  dup2(devnull, STDERR_FILENO);
+  if (devnull > STDERR_FILENO) close(devnull);
+
+  int status;
+  pid_t r;
+  do r = waitpid(child, &status, 0);
+  while (r < 0 && errno == EINTR);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  int code = 255;
+  if (r == child && WIFEXITED(status)) code = WEXITSTATUS(status);
+  else if (r == child && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+
+  char exitline[96];
+  snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
+  if (write_file_atomic("exit", exitline) < 0) return 2;
+  if (notify != NULL) {
+    int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs containerd 2.x (and runc) from Debian's sid suite on Debian 12, pinned low so that
+# nothing else on the machine is upgraded. Idempotent: does nothing when containerd >= 2 is
+# already on PATH. Also unpacks the reference .proto packages the wire tests compare against
+# into .cache/debian-protos (never installed, only read).
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${TSBOX_CACHE_DIR:-$here/.cache}"
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-containerd: must run as root (apt-get)" >&2
+  exit 1
+fi
+
+sid_list=/etc/apt/sources.list.d/tsbox-sid.list
+pin=/etc/apt/preferences.d/tsbox-sid
+if [ ! -f "$sid_list" ]; then
+  log "adding Debian sid with a low pin"
+  echo 'deb http://deb.debian.org/debian sid main' > "$sid_list"
+  printf 'Package: *\nPin: release a=unstable\nPin-Priority: 100\n' > "$pin"
+  apt_updated=0
+else
+  apt_updated=1
+fi
+
+need_update() { [ "$apt_updated" = 1 ] || { log "apt-get update"; apt-get update -qq; apt_updated=1; }; }
+
+have_containerd2() {
+  command -v containerd >/dev/null 2>&1 && containerd --version 2>/dev/null | grep -Eq ' v?2\.'
+}
+
+if ! have_containerd2; then
+  need_update
+  log "installing containerd from sid"
+  # Refuse anything that would upgrade libc6 or other base packages.
+  if apt-get -s install --no-install-recommends containerd/sid runc 2>/dev/null | grep -q '^Inst libc6 '; then
+    echo "install-containerd: containerd/sid would upgrade libc6; refusing" >&2
+    exit 1
+  fi
+  apt-get install -y -qq --no-install-recommends containerd/sid runc >/dev/null
+  # The package's postinst may start a system containerd; tests run their own.
+  systemctl stop containerd >/dev/null 2>&1 || true
+fi
+log "$(containerd --version)"
+
+protos="$cache/debian-protos"
+if [ ! -f "$protos/.complete" ]; then
+  need_update
+  log "unpacking reference .proto packages into $protos"
+  rm -rf "$protos" && mkdir -p "$protos/debs"
+  chmod 0777 "$protos/debs"
+  (cd "$protos/debs" && apt-get download -qq \
+     golang-github-containerd-containerd-api-dev/sid \
+     golang-github-containerd-cgroups-dev/sid \
+     golang-k8s-cri-api-dev/sid)
+  for deb in "$protos"/debs/*.deb; do dpkg-deb -x "$deb" "$protos/root"; done
+  rm -rf "$protos/debs"
+  touch "$protos/.complete"
+fi

@@ -1,0 +1,138 @@
+import { readFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parse as parseToml } from 'smol-toml';
+import { z } from 'zod';
+
+/** The validated, frozen configuration every module receives. */
+export interface Config {
+  /** Unix socket containerd dials. */
+  readonly socket: string;
+  /** Permission bits of the socket. */
+  readonly socketMode: number;
+  /** Where records, supervisor files and quarantined records live. */
+  readonly stateDir: string;
+  readonly logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** `process` runs real sandboxes; `noop` runs nothing and exists for benchmarks only. */
+  readonly backend: 'process' | 'noop';
+  /** The per-sandbox supervisor binary. */
+  readonly shimPath: string;
+  /** Give each sandbox its own pid, ipc, uts and mount namespaces (root only). */
+  readonly namespaces: boolean;
+  /** Parent cgroup of the sandboxes' cgroups. */
+  readonly cgroupParent: string;
+  /** How long a shutdown lets calls in flight finish before closing connections. */
+  readonly shutdownDrainMs: number;
+  /** How many sandboxes are recovered at once at start-up. */
+  readonly recoveryConcurrency: number;
+  /** How often sandboxes whose supervisor tsbox did not start are checked. */
+  readonly supervisorPollMs: number;
+}
+
+/** A configuration that cannot be used; `problems` lists every reason, one per line. */
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+  constructor(readonly problems: readonly string[]) {
+    super(`invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+  }
+}
+
+const packageRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+/** The defaults for this user: system paths as root, per-user paths otherwise. */
+export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = process.getuid?.() ?? 0): Config {
+  const root = uid === 0;
+  const runtimeDir = env['XDG_RUNTIME_DIR'] || `/tmp/tsbox-${uid}`;
+  const stateHome = env['XDG_STATE_HOME'] || join(env['HOME'] || homedir(), '.local', 'state');
+  return {
+    socket: root ? '/run/tsbox/tsbox.sock' : join(runtimeDir, 'tsbox', 'tsbox.sock'),
+    socketMode: 0o660,
+    stateDir: root ? '/var/lib/tsbox' : join(stateHome, 'tsbox'),
+    logLevel: 'info',
+    backend: 'process',
+    shimPath: join(packageRoot, 'dist', 'bin', 'tsbox-shim'),
+    namespaces: root,
+    cgroupParent: 'tsbox',
+    shutdownDrainMs: 5000,
+    recoveryConcurrency: 32,
+    supervisorPollMs: 5000,
+  };
+}
+
+/** The system-wide file read when no --config is given, if it exists. */
+export const DEFAULT_CONFIG_FILE = '/etc/tsbox/config.toml';
+
+const absolutePath = z.string().min(1).refine(isAbsolute, 'must be an absolute path');
+const mode = z.union([
+  z.number().int().min(0).max(0o777),
+  z
+    .string()
+    .regex(/^0?[0-7]{3}$/, 'must be an octal mode such as "0660"')
+    .transform((s) => parseInt(s, 8)),
+]);
+const intFlag = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
+const boolFlag = z.union([z.boolean(), z.enum(['true', 'false']).transform((s) => s === 'true')]);
+
+/** Every setting, as it may appear in the TOML file (snake_case) after key conversion. */
+const schema = z
+  .object({
+    socket: absolutePath,
+    socketMode: mode,
+    stateDir: absolutePath,
+    logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    backend: z.enum(['process', 'noop']),
+    shimPath: absolutePath,
+    namespaces: boolFlag,
+    cgroupParent: z.string().regex(/^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/, 'must be a relative cgroup path'),
+    shutdownDrainMs: intFlag(0, 600_000),
+    recoveryConcurrency: intFlag(1, 1024),
+    supervisorPollMs: intFlag(100, 600_000),
+  })
+  .strict();
+
+export type ConfigInput = Partial<Record<keyof Config, unknown>>;
+
+const camel = (key: string): string => key.replace(/[_-]([a-z])/g, (_, c: string) => c.toUpperCase());
+
+/** Reads a TOML config file into settings, with keys turned into camelCase. */
+export function readConfigFile(path: string): ConfigInput {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError([`cannot read config file ${path}: ${(err as Error).message}`]);
+  }
+  let parsed: Record<string, unknown>;
+  try {
+    parsed = parseToml(text);
+  } catch (err) {
+    throw new ConfigError([`${path} is not valid TOML: ${(err as Error).message.split('\n')[0]}`]);
+  }
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(parsed)) out[camel(key)] = value;
+  return out;
+}
+
+/**
+ * Defaults < file < flags, validated together; every problem is reported at once. Relative
+ * paths in flags are resolved against the working directory.
+ */
+export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Config = defaultConfig()): Config {
+  const merged: Record<string, unknown> = { ...base, ...file, ...flags };
+  for (const key of ['socket', 'stateDir', 'shimPath'] as const) {
+    const value = flags[key];
+    if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
+  }
+  const result = schema.safeParse(merged);
+  if (!result.success) {
+    throw new ConfigError(
+      result.error.issues.map((issue) => {
+        const key = issue.path.join('.');
+        if (issue.code === 'unrecognized_keys') return `unknown setting(s): ${issue.keys.join(', ')}`;
+        return `${key || 'config'}: ${issue.message}`;
+      }),
+    );
+  }
+  return Object.freeze(result.data);
+}

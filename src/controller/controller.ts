@@ -1,0 +1,459 @@
+import type { Logger } from 'pino';
+import { TsboxError } from '../errors.js';
+import { ExitSignal } from './exit-signal.js';
+import { deriveLaunchSpec, type CreateInput } from './launch-spec.js';
+import { SerialQueue } from './serial-queue.js';
+import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
+import type {
+  AnyValue,
+  ExitInfo,
+  HostPlatform,
+  LaunchSpec,
+  RecordStore,
+  RunningSandbox,
+  RuntimeBackend,
+  SandboxRecord,
+  Timestamp,
+} from './types.js';
+
+/** Create's input, decoded by the transport. */
+export interface CreateRequest extends CreateInput {
+  readonly labels: Readonly<Record<string, string>>;
+  readonly annotations: Readonly<Record<string, string>>;
+}
+
+/** Start's answer. */
+export interface StartResult {
+  readonly pid: number;
+  readonly createdAt: Timestamp;
+  readonly labels: Readonly<Record<string, string>>;
+}
+
+/** Status's answer. */
+export interface StatusResult {
+  readonly pid: number;
+  readonly state: string;
+  readonly createdAt?: Timestamp;
+  readonly exitedAt?: Timestamp;
+  readonly info?: Record<string, string>;
+}
+
+/** Update's input: what to replace, named by `fields` (all of them when empty). */
+export interface UpdateRequest {
+  readonly labels: Readonly<Record<string, string>>;
+  readonly extensions: Readonly<Record<string, AnyValue>>;
+  readonly annotations?: Readonly<Record<string, string>>;
+  readonly fields: readonly string[];
+}
+
+/** Clock, injectable for tests. */
+export type Clock = () => Timestamp;
+
+export const systemClock: Clock = () => {
+  const ms = Date.now();
+  return { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
+};
+
+/** The status a sandbox reports when its exit cannot be known (containerd's convention). */
+export const UNKNOWN_EXIT_STATUS = 255;
+
+export interface ControllerOptions {
+  readonly backend: RuntimeBackend;
+  readonly store: RecordStore;
+  readonly logger: Logger;
+  readonly platform: HostPlatform;
+  readonly stateDir: string;
+  readonly clock?: Clock;
+}
+
+/** Counts of a recovery, for the start-up summary line. */
+export interface RecoverySummary {
+  readonly recovered: number;
+  readonly running: number;
+  readonly exited: number;
+  readonly created: number;
+  readonly quarantined: number;
+  readonly seconds: number;
+}
+
+/** One sandbox in memory. Its state changes only through `moveTo`. */
+class Sandbox {
+  state: SandboxState;
+  record: SandboxRecord;
+  running: RunningSandbox | undefined;
+  readonly exit = new ExitSignal();
+  readonly queue = new SerialQueue();
+
+  constructor(
+    record: SandboxRecord,
+    readonly spec: LaunchSpec,
+    readonly log: Logger,
+  ) {
+    this.record = record;
+    this.state = record.state;
+  }
+
+  moveTo(event: SandboxEvent): SandboxState {
+    const from = this.state;
+    this.state = transition(from, event);
+    this.log.info({ from, to: this.state, event }, 'sandbox state changed');
+    return this.state;
+  }
+}
+
+const keyOf = (namespace: string, id: string): string => `${namespace}\u0000${id}`;
+
+/**
+ * The nine operations of the Sandbox Controller API over a table of sandboxes keyed by
+ * (namespace, id). Mutations of one sandbox run one at a time (its SerialQueue); reads
+ * (Status, Wait, Platform, Metrics) never wait for them. An exit is persisted before any
+ * waiter sees it.
+ */
+export class Controller {
+  readonly #sandboxes = new Map<string, Sandbox>();
+  readonly #backend: RuntimeBackend;
+  readonly #store: RecordStore;
+  readonly #log: Logger;
+  readonly #platform: HostPlatform;
+  readonly #clock: Clock;
+  readonly #stateDir: string;
+
+  constructor(options: ControllerOptions) {
+    this.#backend = options.backend;
+    this.#store = options.store;
+    this.#log = options.logger;
+    this.#platform = options.platform;
+    this.#clock = options.clock ?? systemClock;
+    this.#stateDir = options.stateDir;
+  }
+
+  /** Number of sandboxes known. */
+  get size(): number {
+    return this.#sandboxes.size;
+  }
+
+  #find(namespace: string, id: string): Sandbox {
+    const sandbox = this.#sandboxes.get(keyOf(namespace, id));
+    if (sandbox === undefined) throw new TsboxError('NotFound', `sandbox ${id} not found in namespace ${namespace}`);
+    return sandbox;
+  }
+
+  #childLog(namespace: string, id: string): Logger {
+    return this.#log.child({ ns: namespace, id });
+  }
+
+  async #persist(sandbox: Sandbox, changes: Partial<SandboxRecord>): Promise<void> {
+    const record: SandboxRecord = { ...sandbox.record, ...changes, state: sandbox.state as SandboxRecord['state'] };
+    await this.#store.save(record);
+    sandbox.record = record;
+  }
+
+  /** Registers a sandbox; nothing runs. Durable when it returns. */
+  async create(namespace: string, id: string, request: CreateRequest): Promise<void> {
+    const key = keyOf(namespace, id);
+    if (this.#sandboxes.has(key)) {
+      throw new TsboxError('AlreadyExists', `sandbox ${id} already exists in namespace ${namespace}`);
+    }
+    const spec = deriveLaunchSpec(namespace, id, request);
+    const { namespace: _ns, id: _id, ...launch } = spec;
+    const record: SandboxRecord = {
+      version: 1,
+      namespace,
+      id,
+      state: 'created',
+      registeredAt: this.#clock(),
+      launch,
+      labels: { ...request.labels },
+      annotations: { ...request.annotations },
+      extensions: encodeExtensions(request.extensions),
+    };
+    const sandbox = new Sandbox(record, spec, this.#childLog(namespace, id));
+    // In the table before the write, so a concurrent Create of the same id fails at once
+    // and a Start queues behind the write.
+    this.#sandboxes.set(key, sandbox);
+    await sandbox.queue.run(async () => {
+      try {
+        await this.#store.save(record);
+      } catch (err) {
+        this.#sandboxes.delete(key);
+        throw err;
+      }
+      sandbox.log.info({ state: 'created' }, 'sandbox created');
+    });
+  }
+
+  /** Runs the sandbox. On any failure nothing of the attempt remains and it stays created. */
+  async start(namespace: string, id: string): Promise<StartResult> {
+    const sandbox = this.#find(namespace, id);
+    return sandbox.queue.run(async () => {
+      this.#ensureKnown(sandbox);
+      sandbox.moveTo('start');
+      let running: RunningSandbox | undefined;
+      try {
+        // The intent is durable before anything runs: after a crash here, recovery knows a
+        // process may exist and removes it.
+        await this.#persist(sandbox, {});
+        running = await this.#backend.start(sandbox.spec);
+        const startedAt = this.#clock();
+        sandbox.moveTo('started');
+        await this.#persist(sandbox, { startedAt, pid: running.pid, backend: running.handle });
+      } catch (err) {
+        await this.#undoStart(sandbox, running, err);
+        throw err;
+      }
+      this.#watch(sandbox, running);
+      return { pid: running.pid, createdAt: sandbox.record.startedAt as Timestamp, labels: {} };
+    });
+  }
+
+  async #undoStart(sandbox: Sandbox, running: RunningSandbox | undefined, cause: unknown): Promise<void> {
+    sandbox.log.warn({ err: cause }, 'start failed; cleaning up');
+    if (running !== undefined) {
+      this.#backend.kill(running, 0);
+      await new Promise<void>((resolve) => running.onExit(() => resolve()));
+    }
+    await this.#backend.release(sandbox.spec);
+    if (sandbox.state === 'running') sandbox.state = 'starting';
+    sandbox.moveTo('start-failed');
+    const { startedAt: _s, pid: _p, backend: _b, ...rest } = sandbox.record;
+    sandbox.record = rest;
+    try {
+      await this.#persist(sandbox, {});
+    } catch (err) {
+      sandbox.log.error({ err }, 'cannot record the failed start; recovery will clean up');
+    }
+  }
+
+  #watch(sandbox: Sandbox, running: RunningSandbox): void {
+    sandbox.running = running;
+    running.onExit((exit) => {
+      void this.#recordExit(sandbox, exit);
+    });
+  }
+
+  /** Records an exit: durable first, then released, then visible to every waiter. */
+  async #recordExit(sandbox: Sandbox, exit: ExitInfo): Promise<void> {
+    if (sandbox.state !== 'running') return;
+    sandbox.moveTo('exit');
+    sandbox.log.info({ exitStatus: exit.status, reason: exit.reason }, 'sandbox exited');
+    try {
+      await this.#persist(sandbox, { exit, pid: 0 });
+    } catch (err) {
+      sandbox.log.error({ err }, 'cannot persist the exit; it is known only until tsbox restarts');
+    }
+    try {
+      await this.#backend.release(sandbox.spec);
+    } catch (err) {
+      sandbox.log.warn({ err }, 'releasing the exited sandbox failed');
+    }
+    sandbox.running = undefined;
+    sandbox.exit.resolve(exit);
+  }
+
+  /** Platform of the host. */
+  platform(namespace: string, id: string): HostPlatform {
+    this.#find(namespace, id);
+    return this.#platform;
+  }
+
+  /**
+   * Stops the sandbox and returns once its exit is recorded (or the signal fires).
+   * Unknown or already stopped: nothing to do. Never started: counts as exited.
+   */
+  async stop(namespace: string, id: string, timeoutSeconds: number, signal: AbortSignal): Promise<void> {
+    const sandbox = this.#sandboxes.get(keyOf(namespace, id));
+    if (sandbox === undefined) return;
+    await sandbox.queue.run(async () => {
+      if (sandbox.state === 'created') {
+        await this.#exitUnstarted(sandbox, 'stopped before it was started');
+      } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
+        sandbox.log.info({ timeoutSeconds }, timeoutSeconds === 0 ? 'killing sandbox' : 'stopping sandbox');
+        this.#backend.kill(sandbox.running, timeoutSeconds);
+      }
+    });
+    if (sandbox.state !== 'removed') await sandbox.exit.wait(signal);
+  }
+
+  async #exitUnstarted(sandbox: Sandbox, reason: string): Promise<void> {
+    sandbox.moveTo('stop-unstarted');
+    const exit: ExitInfo = { status: UNKNOWN_EXIT_STATUS, exitedAt: this.#clock(), reason };
+    await this.#persist(sandbox, { exit });
+    sandbox.exit.resolve(exit);
+  }
+
+  /** Blocks until the sandbox exits; the same answer every time. */
+  wait(namespace: string, id: string, signal: AbortSignal): Promise<ExitInfo> {
+    return this.#find(namespace, id).exit.wait(signal);
+  }
+
+  /** The sandbox's state; `info["info"]` (a JSON object) only when verbose. */
+  status(namespace: string, id: string, verbose: boolean): StatusResult {
+    const sandbox = this.#find(namespace, id);
+    const { record, state } = sandbox;
+    const exit = state === 'exited' ? sandbox.exit.exit ?? record.exit : undefined;
+    const result: StatusResult = {
+      state: protocolState(state),
+      pid: state === 'running' ? record.pid ?? 0 : 0,
+      ...(record.startedAt === undefined || state === 'starting' ? {} : { createdAt: record.startedAt }),
+      ...(exit === undefined ? {} : { exitedAt: exit.exitedAt }),
+    };
+    if (!verbose) return result;
+    return { ...result, info: { info: JSON.stringify(this.#describe(sandbox, exit)) } };
+  }
+
+  #describe(sandbox: Sandbox, exit: ExitInfo | undefined): Record<string, unknown> {
+    const { record } = sandbox;
+    const iso = (t: Timestamp | undefined): string | undefined =>
+      t === undefined ? undefined : new Date(t.seconds * 1000 + Math.floor(t.nanos / 1e6)).toISOString();
+    return {
+      namespace: record.namespace,
+      id: record.id,
+      state: sandbox.state,
+      backend: this.#backend.name,
+      pid: sandbox.state === 'running' ? record.pid ?? 0 : 0,
+      hostname: record.launch.hostname,
+      netnsPath: record.launch.netnsPath,
+      command: record.launch.command?.args ?? 'pause',
+      stateDir: this.#stateDir,
+      registeredAt: iso(record.registeredAt),
+      startedAt: iso(record.startedAt),
+      exitedAt: iso(exit?.exitedAt),
+      exitStatus: exit?.status,
+      exitReason: exit?.reason,
+      ...(sandbox.running === undefined ? {} : this.#backend.describe(sandbox.running)),
+    };
+  }
+
+  /**
+   * Deletes the sandbox from any state: stops it if it runs (answering its Waits), releases
+   * everything, forgets the id. Unknown: nothing to do.
+   */
+  async shutdown(namespace: string, id: string, signal: AbortSignal): Promise<void> {
+    const key = keyOf(namespace, id);
+    const sandbox = this.#sandboxes.get(key);
+    if (sandbox === undefined) return;
+    await sandbox.queue.run(async () => {
+      if (sandbox.state === 'removed') return;
+      if (sandbox.state === 'running' && sandbox.running !== undefined) {
+        sandbox.log.info('shutdown: killing running sandbox');
+        this.#backend.kill(sandbox.running, 0);
+        await sandbox.exit.wait(signal);
+      } else if (sandbox.state === 'created') {
+        await this.#exitUnstarted(sandbox, 'shut down before it was started');
+      }
+      await this.#backend.release(sandbox.spec);
+      await this.#store.remove(namespace, id);
+      sandbox.moveTo('remove');
+      this.#sandboxes.delete(key);
+    });
+  }
+
+  /** cgroup statistics of the sandbox. */
+  async metrics(namespace: string, id: string): Promise<AnyValue> {
+    const sandbox = this.#find(namespace, id);
+    return this.#backend.metrics(sandbox.spec, sandbox.running);
+  }
+
+  /** Applies labels, annotations and extensions. */
+  async update(namespace: string, id: string, request: UpdateRequest): Promise<void> {
+    const sandbox = this.#find(namespace, id);
+    await sandbox.queue.run(async () => {
+      this.#ensureKnown(sandbox);
+      const all = request.fields.length === 0;
+      const wants = (field: string): boolean => all || request.fields.includes(field);
+      const changes: { -readonly [K in keyof SandboxRecord]?: SandboxRecord[K] } = {};
+      if (wants('labels')) changes.labels = { ...request.labels };
+      if (wants('extensions')) changes.extensions = encodeExtensions(request.extensions);
+      if (request.annotations !== undefined && wants('annotations')) changes.annotations = { ...request.annotations };
+      await this.#persist(sandbox, changes);
+      sandbox.log.info({ fields: Object.keys(changes) }, 'sandbox updated');
+    });
+  }
+
+  #ensureKnown(sandbox: Sandbox): void {
+    if (sandbox.state === 'removed') {
+      throw new TsboxError('NotFound', `sandbox ${sandbox.record.id} not found in namespace ${sandbox.record.namespace}`);
+    }
+  }
+
+  /**
+   * Rebuilds the table from the records on disk before the socket accepts calls: running
+   * sandboxes are watched again, exits seen while tsbox was down are recorded, a Start that
+   * never answered is undone. At most `concurrency` sandboxes are recovered at once.
+   */
+  async recover(concurrency: number): Promise<RecoverySummary> {
+    const begin = process.hrtime.bigint();
+    const { records, quarantined } = await this.#store.loadAll();
+    const counts = { running: 0, exited: 0, created: 0 };
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < records.length) {
+        const record = records[next++] as SandboxRecord;
+        try {
+          const state = await this.#recoverOne(record);
+          counts[state]++;
+        } catch (err) {
+          this.#childLog(record.namespace, record.id).error({ err }, 'cannot recover sandbox');
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.max(1, Math.min(concurrency, records.length)) }, worker));
+    const seconds = Number(process.hrtime.bigint() - begin) / 1e9;
+    return { recovered: this.#sandboxes.size, ...counts, quarantined, seconds };
+  }
+
+  async #recoverOne(record: SandboxRecord): Promise<'running' | 'exited' | 'created'> {
+    const { namespace, id } = record;
+    const log = this.#childLog(namespace, id);
+    const spec: LaunchSpec = { namespace, id, ...record.launch };
+    const sandbox = new Sandbox(record, spec, log);
+    this.#sandboxes.set(keyOf(namespace, id), sandbox);
+    switch (record.state) {
+      case 'created':
+        return 'created';
+      case 'starting': {
+        // tsbox died inside Start, which therefore never answered: undo it.
+        await this.#backend.abandon(spec);
+        await this.#backend.release(spec);
+        sandbox.state = 'created';
+        const { startedAt: _s, pid: _p, backend: _b, ...rest } = record;
+        sandbox.record = { ...rest, state: 'created' };
+        await this.#store.save(sandbox.record);
+        log.info({ from: 'starting', to: 'created' }, 'recovered: start that never answered was undone');
+        return 'created';
+      }
+      case 'exited': {
+        const exit = record.exit ?? { status: UNKNOWN_EXIT_STATUS, exitedAt: this.#clock(), reason: 'exit not recorded' };
+        sandbox.exit.resolve(exit);
+        return 'exited';
+      }
+      case 'running': {
+        const found = await this.#backend.recover(spec, record.backend);
+        if (found.kind === 'running') {
+          this.#watch(sandbox, found.sandbox);
+          log.info({ pid: found.sandbox.pid }, 'recovered: sandbox still running');
+          return 'running';
+        }
+        log.info({ exitStatus: found.exit.status, reason: found.exit.reason }, 'recovered: sandbox exited while tsbox was away');
+        await this.#recordExit(sandbox, found.exit);
+        return 'exited';
+      }
+    }
+  }
+
+  /** Ends watching (daemon shutdown); sandboxes keep running. */
+  close(): void {
+    this.#backend.close();
+  }
+}
+
+function encodeExtensions(
+  extensions: Readonly<Record<string, AnyValue>>,
+): Record<string, { typeUrl: string; value: string }> {
+  const out: Record<string, { typeUrl: string; value: string }> = {};
+  for (const [name, any] of Object.entries(extensions)) {
+    out[name] = { typeUrl: any.typeUrl, value: Buffer.from(any.value).toString('base64') };
+  }
+  return out;
+}
+

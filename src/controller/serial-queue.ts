@@ -1,0 +1,23 @@
+/**
+ * Runs the operations given to it one at a time, in order. One per sandbox, so Start, Stop,
+ * Shutdown and Update on the same sandbox never interleave.
+ */
+export class SerialQueue {
+  #tail: Promise<unknown> = Promise.resolve();
+  #length = 0;
+
+  /** Number of operations queued or running. */
+  get length(): number {
+    return this.#length;
+  }
+
+  run<T>(operation: () => Promise<T>): Promise<T> {
+    this.#length++;
+    const result = this.#tail.then(operation);
+    this.#tail = result.then(
+      () => this.#length--,
+      () => this.#length--,
+    );
+    return result;
+  }
+}

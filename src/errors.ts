@@ -1,0 +1,46 @@
+/**
+ * The one error type of tsbox. Its kinds mirror containerd's error classes (errdefs), which
+ * containerd maps one to one onto gRPC codes and acts on (SPEC.md section 4), so the kind is
+ * part of the API. The message reaches the client; `cause` stays in the log.
+ */
+export type ErrorKind =
+  | 'NotFound'
+  | 'AlreadyExists'
+  | 'InvalidArgument'
+  | 'FailedPrecondition'
+  | 'Unavailable'
+  | 'Unimplemented'
+  | 'Cancelled'
+  | 'DeadlineExceeded'
+  | 'Internal';
+
+/** A failure with a kind the transport turns into a gRPC code. */
+export class TsboxError extends Error {
+  override readonly name = 'TsboxError';
+  constructor(
+    readonly kind: ErrorKind,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/** True when `err` is a TsboxError, optionally of the given kind. */
+export function isTsboxError(err: unknown, kind?: ErrorKind): err is TsboxError {
+  return err instanceof TsboxError && (kind === undefined || err.kind === kind);
+}
+
+/** The message of any thrown value, for logs and wrapped errors. */
+export function messageOf(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/**
+ * The error an aborted wait rejects with: the signal's reason when it is a TsboxError (the
+ * transport sets Cancelled, DeadlineExceeded or Unavailable), else Cancelled.
+ */
+export function abortError(signal: AbortSignal): TsboxError {
+  const reason: unknown = signal.reason;
+  return reason instanceof TsboxError ? reason : new TsboxError('Cancelled', 'call cancelled');
+}

@@ -1,0 +1,69 @@
+import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend } from '../controller/types.js';
+import { TsboxError } from '../errors.js';
+
+/** SIGKILL's exit status, as a killed process reports it. */
+const KILLED = 137;
+
+class NoopSandbox implements RunningSandbox {
+  readonly pid = 0;
+  readonly handle = { noop: true };
+  #exit: ExitInfo | undefined;
+  #listener: ((exit: ExitInfo) => void) | undefined;
+
+  onExit(listener: (exit: ExitInfo) => void): void {
+    if (this.#exit !== undefined) listener(this.#exit);
+    else this.#listener = listener;
+  }
+
+  end(): void {
+    if (this.#exit !== undefined) return;
+    const ms = Date.now();
+    this.#exit = {
+      status: KILLED,
+      exitedAt: { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 },
+      reason: 'stopped (no process)',
+    };
+    this.#listener?.(this.#exit);
+    this.#listener = undefined;
+  }
+}
+
+/**
+ * A backend that runs nothing: Start succeeds with pid 0 and Stop ends the sandbox at once
+ * with 137. It exists only so that benchmarks measure tsbox's own cost against a reference
+ * server doing the same work; it is never the default.
+ */
+export class NoopBackend implements RuntimeBackend {
+  readonly name = 'noop';
+
+  start(_spec: LaunchSpec): Promise<RunningSandbox> {
+    return Promise.resolve(new NoopSandbox());
+  }
+
+  recover(_spec: LaunchSpec, _handle: unknown): Promise<Recovered> {
+    // Nothing ran, so nothing survived the restart: running sandboxes come back running.
+    return Promise.resolve({ kind: 'running', sandbox: new NoopSandbox() });
+  }
+
+  abandon(_spec: LaunchSpec): Promise<void> {
+    return Promise.resolve();
+  }
+
+  kill(sandbox: RunningSandbox, _graceSeconds: number): void {
+    (sandbox as NoopSandbox).end();
+  }
+
+  release(_spec: LaunchSpec): Promise<void> {
+    return Promise.resolve();
+  }
+
+  metrics(spec: LaunchSpec): Promise<AnyValue> {
+    return Promise.reject(new TsboxError('Unimplemented', `sandbox ${spec.id} has no cgroup: the noop backend runs no process`));
+  }
+
+  describe(): Record<string, unknown> {
+    return {};
+  }
+
+  close(): void {}
+}

@@ -1,0 +1,362 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { watch, type FSWatcher } from 'node:fs';
+import { mkdir, readFile, rm, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, Timestamp } from '../controller/types.js';
+import { TsboxError, messageOf } from '../errors.js';
+import type { StateLayout } from '../state/layout.js';
+import type { CgroupManager } from './cgroups.js';
+import { isSameProcess, processStartTime, signalGroup } from './proc.js';
+
+/** What the process backend records to find a sandbox again: pids with their start times. */
+const handleSchema = z.object({
+  shimPid: z.number().int().positive(),
+  shimStart: z.string(),
+  pid: z.number().int().positive(),
+  pidStart: z.string(),
+});
+export type ProcessHandle = z.infer<typeof handleSchema>;
+
+export interface ProcessBackendOptions {
+  readonly layout: StateLayout;
+  readonly shimPath: string;
+  /** Own pid, ipc, uts and mount namespaces (needs root). */
+  readonly namespaces: boolean;
+  readonly cgroups: CgroupManager | undefined;
+  readonly logger: Logger;
+  /** How often sandboxes whose supervisor is not tsbox's child are checked for a lost supervisor. */
+  readonly pollIntervalMs: number;
+}
+
+const UNKNOWN = 255;
+
+function now(): Timestamp {
+  const ms = Date.now();
+  return { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
+}
+
+/** Parses the supervisor's exit file: "<status> <seconds> <nanoseconds>". */
+export function parseExitFile(text: string): ExitInfo | undefined {
+  const match = /^(\d{1,3}) (-?\d+) (\d{1,9})\n?$/.exec(text);
+  if (match === null) return undefined;
+  const status = Number(match[1]);
+  if (status > 255) return undefined;
+  const reason = status > 128 ? `killed by signal ${status - 128}` : `exited with code ${status}`;
+  return { status, exitedAt: { seconds: Number(match[2]), nanos: Number(match[3]) }, reason };
+}
+
+/** One sandbox the backend watches. Fires its exit once. */
+class Watched implements RunningSandbox {
+  #exit: ExitInfo | undefined;
+  readonly #listeners: ((exit: ExitInfo) => void)[] = [];
+  killTimer: NodeJS.Timeout | undefined;
+  /** The supervisor is gone without an exit file: watch the sandbox pid itself. */
+  orphaned = false;
+
+  constructor(
+    readonly key: string,
+    readonly dir: string,
+    readonly handle: ProcessHandle,
+    readonly child: boolean,
+  ) {}
+
+  get pid(): number {
+    return this.handle.pid;
+  }
+
+  get exited(): boolean {
+    return this.#exit !== undefined;
+  }
+
+  onExit(listener: (exit: ExitInfo) => void): void {
+    if (this.#exit !== undefined) listener(this.#exit);
+    else this.#listeners.push(listener);
+  }
+
+  fire(exit: ExitInfo): void {
+    if (this.#exit !== undefined) return;
+    this.#exit = exit;
+    clearTimeout(this.killTimer);
+    for (const listener of this.#listeners.splice(0)) listener(exit);
+  }
+}
+
+/**
+ * The default backend: each sandbox is a real process, the child of a small supervisor
+ * (native/tsbox-shim.c) that outlives tsbox and writes the exit status to the sandbox's
+ * directory. Exits are seen through the supervisor's exit (when tsbox started it), an
+ * inotify watch on the exits directory (always), and a slow poll for a supervisor that was
+ * itself killed.
+ */
+export class ProcessBackend implements RuntimeBackend {
+  readonly name = 'process';
+  readonly #opts: ProcessBackendOptions;
+  readonly #log: Logger;
+  readonly #watched = new Map<string, Watched>();
+  #watcher: FSWatcher | undefined;
+  #poll: NodeJS.Timeout | undefined;
+
+  constructor(options: ProcessBackendOptions) {
+    this.#opts = options;
+    this.#log = options.logger;
+  }
+
+  /** Creates the exits directory and starts watching it. Call before start/recover. */
+  async init(): Promise<void> {
+    const { exits } = this.#opts.layout;
+    await mkdir(exits, { recursive: true, mode: 0o700 });
+    this.#watcher = watch(exits, (_event, filename) => {
+      if (typeof filename === 'string') this.#onNotice(filename);
+    });
+    this.#watcher.on('error', (err) => this.#log.error({ err }, 'exit notice watch failed; falling back to polling'));
+    this.#poll = setInterval(() => void this.#pollSupervisors(), this.#opts.pollIntervalMs);
+    this.#poll.unref();
+  }
+
+  #onNotice(filename: string): void {
+    const at = filename.indexOf('@');
+    if (at <= 0) return;
+    const key = `${filename.slice(0, at)}/${filename.slice(at + 1)}`;
+    const watched = this.#watched.get(key);
+    if (watched !== undefined) void this.#collect(watched);
+  }
+
+  /** Reads the exit file of a sandbox whose supervisor ended (or announced the exit). */
+  async #collect(watched: Watched): Promise<void> {
+    if (watched.exited) return;
+    const exit = await this.#readExit(watched.dir);
+    if (exit !== undefined) {
+      this.#finish(watched, exit);
+      return;
+    }
+    if (watched.child || !(await isSameProcess(watched.handle.shimPid, watched.handle.shimStart))) {
+      await this.#supervisorLost(watched);
+    }
+  }
+
+  async #readExit(dir: string): Promise<ExitInfo | undefined> {
+    let text: string;
+    try {
+      text = await readFile(join(dir, 'exit'), 'utf8');
+    } catch {
+      return undefined;
+    }
+    const exit = parseExitFile(text);
+    if (exit === undefined) this.#log.error({ file: join(dir, 'exit'), content: text.slice(0, 80) }, 'unreadable exit file');
+    return exit;
+  }
+
+  /** The supervisor died without writing the exit: the code cannot be known. */
+  async #supervisorLost(watched: Watched): Promise<void> {
+    if (await isSameProcess(watched.handle.pid, watched.handle.pidStart)) {
+      if (!watched.orphaned) {
+        watched.orphaned = true;
+        this.#log.warn({ key: watched.key, pid: watched.pid }, 'sandbox supervisor is gone; watching the sandbox process itself');
+      }
+      return;
+    }
+    this.#finish(watched, {
+      status: UNKNOWN,
+      exitedAt: now(),
+      reason: 'exit status unknown: the sandbox supervisor was killed before it could record it',
+    });
+    this.#log.warn({ key: watched.key }, 'exit status unknown (supervisor killed): reporting 255');
+  }
+
+  #finish(watched: Watched, exit: ExitInfo): void {
+    this.#watched.delete(watched.key);
+    const [ns, id] = watched.key.split('/') as [string, string];
+    unlink(this.#opts.layout.exitNotice(ns, id)).catch(() => undefined);
+    watched.fire(exit);
+  }
+
+  async #pollSupervisors(): Promise<void> {
+    for (const watched of this.#watched.values()) {
+      if (watched.exited) continue;
+      if (watched.orphaned) {
+        await this.#supervisorLost(watched);
+      } else if (!watched.child && !(await isSameProcess(watched.handle.shimPid, watched.handle.shimStart))) {
+        await this.#collect(watched);
+      }
+    }
+  }
+
+  async start(spec: LaunchSpec): Promise<RunningSandbox> {
+    const { layout, namespaces, cgroups, shimPath } = this.#opts;
+    const dir = layout.sandboxDir(spec.namespace, spec.id);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await rm(join(dir, 'exit'), { force: true });
+    await rm(join(dir, 'pid'), { force: true });
+    const args = ['--dir', dir, '--notify', layout.exitNotice(spec.namespace, spec.id), '--log', join(dir, 'console.log')];
+    try {
+      for (const cgroup of (await cgroups?.create(spec.namespace, spec.id)) ?? []) args.push('--cgroup', cgroup);
+    } catch (err) {
+      throw new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
+    }
+    if (namespaces) {
+      args.push('--namespaces');
+      if (spec.hostname !== undefined) args.push('--hostname', spec.hostname);
+    }
+    if (spec.netnsPath !== undefined) args.push('--netns', spec.netnsPath);
+    if (spec.command !== undefined) args.push('--cwd', spec.command.cwd, '--', ...spec.command.args);
+    const env: Record<string, string> = {};
+    for (const pair of spec.command?.env ?? []) {
+      const eq = pair.indexOf('=');
+      if (eq > 0) env[pair.slice(0, eq)] = pair.slice(eq + 1);
+    }
+
+    let child: ChildProcess;
+    let reply: { shimPid: number; pid: number };
+    try {
+      child = spawn(shimPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env, cwd: '/' });
+      reply = await readReply(child);
+    } catch (err) {
+      await cgroups?.remove(spec.namespace, spec.id).catch(() => undefined);
+      throw err;
+    }
+    child.unref();
+    const [shimStart, pidStart] = await Promise.all([processStartTime(reply.shimPid), processStartTime(reply.pid)]);
+    const handle: ProcessHandle = {
+      shimPid: reply.shimPid,
+      shimStart: shimStart ?? '',
+      pid: reply.pid,
+      pidStart: pidStart ?? '',
+    };
+    const key = `${spec.namespace}/${spec.id}`;
+    const watched = new Watched(key, dir, handle, true);
+    this.#watched.set(key, watched);
+    child.once('exit', () => void this.#collect(watched));
+    // The sandbox may have ended before its start time could be read.
+    if (shimStart === undefined || pidStart === undefined) void this.#collect(watched);
+    return watched;
+  }
+
+  async recover(spec: LaunchSpec, raw: unknown): Promise<Recovered> {
+    const dir = this.#opts.layout.sandboxDir(spec.namespace, spec.id);
+    const parsed = handleSchema.safeParse(raw);
+    const exit = await this.#readExit(dir);
+    if (exit !== undefined) return { kind: 'exited', exit };
+    if (!parsed.success) {
+      return { kind: 'exited', exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: no process recorded' } };
+    }
+    const key = `${spec.namespace}/${spec.id}`;
+    const watched = new Watched(key, dir, parsed.data, false);
+    this.#watched.set(key, watched);
+    if (await isSameProcess(parsed.data.shimPid, parsed.data.shimStart)) return { kind: 'running', sandbox: watched };
+    // The supervisor may have written the exit between the first read and now.
+    const late = await this.#readExit(dir);
+    if (late !== undefined) {
+      this.#watched.delete(key);
+      return { kind: 'exited', exit: late };
+    }
+    if (await isSameProcess(parsed.data.pid, parsed.data.pidStart)) {
+      watched.orphaned = true;
+      this.#log.warn({ key, pid: parsed.data.pid }, 'sandbox supervisor is gone; watching the sandbox process itself');
+      return { kind: 'running', sandbox: watched };
+    }
+    this.#watched.delete(key);
+    this.#log.warn({ key }, 'exit status unknown (supervisor killed while tsbox was away): reporting 255');
+    return {
+      kind: 'exited',
+      exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the sandbox supervisor was killed' },
+    };
+  }
+
+  async abandon(spec: LaunchSpec): Promise<void> {
+    const dir = this.#opts.layout.sandboxDir(spec.namespace, spec.id);
+    let text: string;
+    try {
+      text = await readFile(join(dir, 'pid'), 'utf8');
+    } catch {
+      return;
+    }
+    const [shimPid, pid] = text.trim().split(' ').map(Number);
+    if (shimPid === undefined || pid === undefined || !(pid > 0)) return;
+    // Only a supervisor whose command line names this sandbox's directory is ours.
+    const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => '');
+    if (!cmdline.split('\0').includes(dir)) return;
+    this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
+    signalGroup(pid, 'SIGKILL');
+    for (let i = 0; i < 200 && (await processStartTime(shimPid)) !== undefined; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+
+  kill(sandbox: RunningSandbox, graceSeconds: number): void {
+    const watched = sandbox as Watched;
+    if (watched.exited) return;
+    const { pid, pidStart } = watched.handle;
+    const send = (signal: NodeJS.Signals): void => {
+      void isSameProcess(pid, pidStart).then((same) => {
+        if (same && !watched.exited) signalGroup(pid, signal);
+        else if (watched.orphaned) void this.#supervisorLost(watched);
+      });
+    };
+    if (graceSeconds <= 0) {
+      send('SIGKILL');
+      return;
+    }
+    send('SIGTERM');
+    clearTimeout(watched.killTimer);
+    watched.killTimer = setTimeout(() => send('SIGKILL'), graceSeconds * 1000);
+  }
+
+  async release(spec: LaunchSpec): Promise<void> {
+    await this.#opts.cgroups?.remove(spec.namespace, spec.id);
+    await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(() => undefined);
+  }
+
+  async metrics(spec: LaunchSpec, sandbox: RunningSandbox | undefined): Promise<AnyValue> {
+    const { cgroups } = this.#opts;
+    if (cgroups === undefined) throw new TsboxError('Unimplemented', 'metrics need cgroups, which are not available to tsbox here');
+    if (sandbox === undefined) throw new TsboxError('FailedPrecondition', `sandbox ${spec.id} is not running: it has no cgroup`);
+    return cgroups.metrics(spec.namespace, spec.id);
+  }
+
+  describe(sandbox: RunningSandbox): Record<string, unknown> {
+    const watched = sandbox as Watched;
+    return {
+      supervisorPid: watched.handle.shimPid,
+      directory: watched.dir,
+      cgroup: this.#opts.cgroups === undefined ? undefined : `v${this.#opts.cgroups.version}`,
+      namespaces: this.#opts.namespaces,
+      supervisorLost: watched.orphaned,
+    };
+  }
+
+  close(): void {
+    this.#watcher?.close();
+    clearInterval(this.#poll);
+    for (const watched of this.#watched.values()) clearTimeout(watched.killTimer);
+  }
+}
+
+/** Reads the supervisor's one-line answer and its stderr, then lets go of the pipes. */
+function readReply(child: ChildProcess): Promise<{ shimPid: number; pid: number }> {
+  return new Promise((resolve, reject) => {
+    let out = '';
+    let err = '';
+    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
+    const done = (): void => {
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      const line = out.split('\n')[0] ?? '';
+      const ok = /^ok (\d+) (\d+)$/.exec(line);
+      if (ok !== null) {
+        resolve({ shimPid: Number(ok[1]), pid: Number(ok[2]) });
+      } else if (line.startsWith('error ')) {
+        reject(new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`));
+      } else {
+        reject(new TsboxError('Internal', `sandbox supervisor failed: ${(err || line || 'no answer').trim().slice(0, 300)}`));
+      }
+    };
+    child.once('error', (e) => {
+      reject(new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e }));
+    });
+    // The supervisor closes its stdout after answering; it exits early only on failure.
+    child.stdout?.once('end', done);
+  });
+}

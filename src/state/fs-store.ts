@@ -1,0 +1,128 @@
+import { existsSync } from 'node:fs';
+import { mkdir, readFile, readdir, rename, rm, rmdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
+import { messageOf } from '../errors.js';
+import { syncDir, writeFileAtomic } from './atomic-file.js';
+import type { StateLayout } from './layout.js';
+import { recordSchema } from './record-schema.js';
+
+const RECORD_FILE = 'record.json';
+
+/**
+ * Records on disk, one directory per sandbox, each written atomically. Writes of one
+ * sandbox are chained so that the last save wins and two never share a temp file.
+ */
+export class FsRecordStore implements RecordStore {
+  readonly #layout: StateLayout;
+  readonly #log: Logger;
+  readonly #chains = new Map<string, Promise<void>>();
+
+  constructor(layout: StateLayout, logger: Logger) {
+    this.#layout = layout;
+    this.#log = logger;
+  }
+
+  #chain(key: string, operation: () => Promise<void>): Promise<void> {
+    const previous = this.#chains.get(key) ?? Promise.resolve();
+    const current = previous.then(operation, operation);
+    this.#chains.set(key, current);
+    const forget = (): void => {
+      if (this.#chains.get(key) === current) this.#chains.delete(key);
+    };
+    current.then(forget, forget);
+    return current;
+  }
+
+  save(record: SandboxRecord): Promise<void> {
+    const dir = this.#layout.sandboxDir(record.namespace, record.id);
+    return this.#chain(dir, async () => {
+      const created = await mkdir(dir, { recursive: true, mode: 0o700 });
+      await writeFileAtomic(join(dir, RECORD_FILE), JSON.stringify(record));
+      // A new directory must itself survive a crash: sync the parents it was created in.
+      if (created !== undefined) {
+        await syncDir(join(dir, '..'));
+        await syncDir(this.#layout.sandboxes);
+      }
+    });
+  }
+
+  remove(namespace: string, id: string): Promise<void> {
+    const dir = this.#layout.sandboxDir(namespace, id);
+    return this.#chain(dir, async () => {
+      await rm(dir, { recursive: true, force: true });
+      const nsDir = join(dir, '..');
+      // The namespace directory goes with its last sandbox.
+      await rmdir(nsDir).catch(() => undefined);
+      await syncDir(existsSync(nsDir) ? nsDir : this.#layout.sandboxes).catch(() => undefined);
+    });
+  }
+
+  async loadAll(): Promise<LoadedRecords> {
+    await mkdir(this.#layout.sandboxes, { recursive: true, mode: 0o700 });
+    const records: SandboxRecord[] = [];
+    let quarantined = 0;
+    for (const namespace of await readdir(this.#layout.sandboxes)) {
+      const nsDir = join(this.#layout.sandboxes, namespace);
+      let ids: string[];
+      try {
+        ids = await readdir(nsDir);
+      } catch (err) {
+        this.#log.warn({ path: nsDir, err }, 'not a namespace directory; ignored');
+        continue;
+      }
+      for (const id of ids) {
+        const dir = join(nsDir, id);
+        const result = await this.#read(dir, namespace, id);
+        if (result.ok) records.push(result.record);
+        else {
+          await this.#quarantine(dir, namespace, id, result.reason);
+          quarantined++;
+        }
+      }
+    }
+    return { records, quarantined };
+  }
+
+  async #read(
+    dir: string,
+    namespace: string,
+    id: string,
+  ): Promise<{ ok: true; record: SandboxRecord } | { ok: false; reason: string }> {
+    const file = join(dir, RECORD_FILE);
+    let text: string;
+    try {
+      text = await readFile(file, 'utf8');
+    } catch (err) {
+      return { ok: false, reason: `cannot read ${RECORD_FILE}: ${messageOf(err)}` };
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch (err) {
+      return { ok: false, reason: `not JSON (torn or truncated?): ${messageOf(err)}` };
+    }
+    const parsed = recordSchema.safeParse(json);
+    if (!parsed.success) return { ok: false, reason: `not a version 1 record: ${z.prettifyError(parsed.error)}` };
+    if (parsed.data.namespace !== namespace || parsed.data.id !== id) {
+      return { ok: false, reason: `record names ${parsed.data.namespace}/${parsed.data.id}, not its directory` };
+    }
+    return { ok: true, record: parsed.data as SandboxRecord };
+  }
+
+  async #quarantine(dir: string, namespace: string, id: string, reason: string): Promise<void> {
+    await mkdir(this.#layout.quarantine, { recursive: true, mode: 0o700 });
+    const target = join(this.#layout.quarantine, `${namespace}@${id}.${Date.now()}`);
+    try {
+      await rename(dir, target);
+      this.#log.error(
+        { file: join(dir, RECORD_FILE), movedTo: target, reason },
+        'sandbox record quarantined: it cannot be read; the sandbox is not served',
+      );
+    } catch (err) {
+      this.#log.error({ file: join(dir, RECORD_FILE), reason, err }, 'sandbox record unreadable and cannot be moved aside');
+    }
+  }
+}

@@ -1,0 +1,320 @@
+/**
+ * A private containerd for end-to-end tests: the `containerd` binary from PATH, run as root with
+ * a generated config (version 3) whose root, state, temp dir, sockets and plugin paths all live
+ * in a fresh temp dir, with a sandboxer registered as proxy plugin and as CRI runtime handler
+ * (SPEC.md section 1). Start, stop, restart on the same dirs, and a teardown that removes
+ * everything.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import {
+  type ExitInfo,
+  type ManagedProcess,
+  createProcessTracker,
+  makeTempDir,
+  removeTree,
+  spawnLogged,
+  stopProcess,
+  tailFile,
+  waitFor,
+  waitForSocket,
+  which,
+} from './tsbox-daemon.js';
+import { createSandboxClients } from './containerd-clients.js';
+
+/** What goes into the generated config. */
+export interface ContainerdConfigOptions {
+  /** Socket of the sandboxer (its proxy plugin address). */
+  sandboxerSocket: string;
+  /** Proxy plugin id = sandboxer name, also used as CRI runtime handler. Default `tsbox`. */
+  sandboxerName?: string;
+  /** CRI runtime_type of the handler. Default `io.containerd.tsbox.v1`. */
+  runtimeType?: string;
+  /** containerd's log level. Default `debug`. */
+  logLevel?: string;
+  /** Extra TOML appended verbatim (tables only). */
+  extraToml?: string;
+}
+
+/** Paths of one containerd instance, all below `dir`. */
+export interface ContainerdPaths {
+  dir: string;
+  root: string;
+  state: string;
+  temp: string;
+  address: string;
+  ttrpcAddress: string;
+  configPath: string;
+  logPath: string;
+  cniConfDir: string;
+  cniBinDir: string;
+  optDir: string;
+}
+
+/** The paths of an instance rooted at `dir`. */
+export function containerdPaths(dir: string): ContainerdPaths {
+  return {
+    dir,
+    root: path.join(dir, 'root'),
+    state: path.join(dir, 'state'),
+    temp: path.join(dir, 'tmp'),
+    address: path.join(dir, 'containerd.sock'),
+    ttrpcAddress: path.join(dir, 'containerd.sock.ttrpc'),
+    configPath: path.join(dir, 'config.toml'),
+    logPath: path.join(dir, 'containerd.log'),
+    cniConfDir: path.join(dir, 'cni', 'conf'),
+    cniBinDir: path.join(dir, 'cni', 'bin'),
+    optDir: path.join(dir, 'opt'),
+  };
+}
+
+/**
+ * Plugins that are disabled: they would need kernel features, hardware or system paths the
+ * tests do not have or must not touch (NRI listens on /var/run/nri; tracing and the restart
+ * monitor are unused), and keeping them out makes startup quiet and fast. Everything CRI needs
+ * (content, snapshotters native/overlayfs, metadata, images, sandbox store and controllers)
+ * stays.
+ */
+export const disabledPlugins: readonly string[] = [
+  'io.containerd.snapshotter.v1.btrfs',
+  'io.containerd.snapshotter.v1.devmapper',
+  'io.containerd.snapshotter.v1.zfs',
+  'io.containerd.snapshotter.v1.blockfile',
+  'io.containerd.snapshotter.v1.erofs',
+  'io.containerd.differ.v1.erofs',
+  'io.containerd.nri.v1.nri',
+  'io.containerd.tracing.processor.v1.otlp',
+  'io.containerd.internal.v1.tracing',
+  'io.containerd.monitor.container.v1.restart',
+];
+
+/** Plugins whose failure to load must stop containerd from starting (a clear error). */
+export const requiredPlugins: readonly string[] = ['io.containerd.grpc.v1.cri', 'io.containerd.cri.v1.runtime'];
+
+/** TOML basic string (JSON string escapes are valid TOML). */
+function tomlString(s: string): string {
+  return JSON.stringify(s);
+}
+
+function tomlArray(items: readonly string[]): string {
+  return `[${items.map(tomlString).join(', ')}]`;
+}
+
+/** The config.toml (version 3, containerd 2.x) of an instance. */
+export function containerdConfig(paths: ContainerdPaths, options: ContainerdConfigOptions): string {
+  const name = options.sandboxerName ?? 'tsbox';
+  const runtimeType = options.runtimeType ?? 'io.containerd.tsbox.v1';
+  return `version = 3
+root = ${tomlString(paths.root)}
+state = ${tomlString(paths.state)}
+temp = ${tomlString(paths.temp)}
+disabled_plugins = ${tomlArray(disabledPlugins)}
+required_plugins = ${tomlArray(requiredPlugins)}
+
+[grpc]
+  address = ${tomlString(paths.address)}
+
+[ttrpc]
+  address = ${tomlString(paths.ttrpcAddress)}
+
+[debug]
+  level = ${tomlString(options.logLevel ?? 'debug')}
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = ${tomlString(paths.optDir)}
+
+[plugins.'io.containerd.image-verifier.v1.bindir']
+  bin_dir = ${tomlString(path.join(paths.optDir, 'image-verifier', 'bin'))}
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = false
+  cdi_spec_dirs = []
+  # Pod network namespaces (not used by host-network pods) under the private state dir, not /var/run/netns.
+  netns_mounts_under_state_dir = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ${tomlArray([paths.cniBinDir])}
+  conf_dir = ${tomlString(paths.cniConfDir)}
+
+# The sandboxer, as SPEC.md section 1 registers it.
+[proxy_plugins.${name}]
+  type = "sandbox"
+  address = ${tomlString(options.sandboxerSocket)}
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${name}]
+  runtime_type = ${tomlString(runtimeType)}
+  sandboxer = ${tomlString(name)}
+${options.extraToml ?? ''}`;
+}
+
+/** A private containerd. */
+export interface Containerd {
+  readonly paths: ContainerdPaths;
+  /** containerd's gRPC socket. */
+  readonly address: string;
+  readonly logPath: string;
+  /** Pid of the current run, undefined while stopped. */
+  readonly pid: number | undefined;
+  /** Starts containerd (again, on the same dirs) and waits until its gRPC API answers. */
+  start(): Promise<void>;
+  /** SIGTERM, then SIGKILL to its process group after `graceMs`. */
+  stop(options?: { graceMs?: number }): Promise<ExitInfo & { graceful: boolean }>;
+  /** stop() then start(). */
+  restart(): Promise<void>;
+  /** Runs `ctr --address <socket> [-n ns] args…` (bounded). */
+  ctr(args: readonly string[], options?: { namespace?: string; timeoutMs?: number }): Promise<CommandResult>;
+  logTail(lines?: number): string;
+  /**
+   * Stops containerd, kills what is left of what it started (shims, if any), unmounts and
+   * removes the temp dir (kept when `TSBOX_E2E_KEEP=1`). Resolves with the pids it had to
+   * kill. Idempotent.
+   */
+  teardown(): Promise<number[]>;
+}
+
+/** Outcome of a command. */
+export interface CommandResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Options of {@link startContainerd}. */
+export interface ContainerdOptions extends ContainerdConfigOptions {
+  /** containerd binary. Default: `containerd` on PATH. */
+  binary?: string;
+  startTimeoutMs?: number;
+  stopGraceMs?: number;
+}
+
+/**
+ * containerd 2.x creates the compiled-in default state dir /run/containerd even with a private
+ * state dir (shim sockets and cio FIFOs are hard-coded below it). Teardown removes it again
+ * when it did not exist before and is still empty.
+ */
+const defaultStateDir = '/run/containerd';
+
+/** Why containerd end-to-end tests cannot run here, or undefined when they can. */
+export function containerdUnavailableReason(): string | undefined {
+  if (typeof process.getuid !== 'function' || process.getuid() !== 0) return 'containerd tests need root';
+  if (which('containerd') === undefined) return 'containerd not on PATH (run scripts/install-containerd.sh)';
+  if (which('ctr') === undefined) return 'ctr not on PATH (run scripts/install-containerd.sh)';
+  return undefined;
+}
+
+/** Creates a temp dir, writes the config and starts containerd; call `teardown()` in `after`. */
+export async function startContainerd(options: ContainerdOptions): Promise<Containerd> {
+  const dir = await makeTempDir('containerd-e2e-');
+  const paths = containerdPaths(dir);
+  await mkdir(paths.cniConfDir, { recursive: true });
+  await mkdir(paths.cniBinDir, { recursive: true });
+  writeFileSync(paths.configPath, containerdConfig(paths, options));
+  const binary = options.binary ?? which('containerd') ?? 'containerd';
+  const hadDefaultStateDir = existsSync(defaultStateDir);
+  let current: ManagedProcess | undefined;
+  const tracker = createProcessTracker(dir);
+  let tornDown = false;
+
+  // Plugin loading lines fill containerd's startup log and never explain a failure.
+  const logTail = (lines = 40): string =>
+    `--- containerd log (${paths.logPath}) ---\n${tailFile(paths.logPath, lines, /msg="(loading|skip loading) plugin/)}`;
+
+  const instance: Containerd = {
+    paths,
+    address: paths.address,
+    logPath: paths.logPath,
+    get pid() {
+      return current?.exitInfo() === undefined ? current?.pid : undefined;
+    },
+    async start() {
+      if (tornDown) throw new Error('containerd was torn down');
+      if (current !== undefined && current.exitInfo() === undefined) throw new Error('containerd already running');
+      const p = await spawnLogged(binary, ['--config', paths.configPath], {
+        logPath: paths.logPath,
+        cwd: dir,
+        env: tracker.env(),
+      });
+      current = p;
+      tracker.addLeader(p.pid);
+      const timeoutMs = options.startTimeoutMs ?? 30_000;
+      await waitForSocket(p, paths.address, { name: 'containerd', logTail, timeoutMs });
+      // The socket is bound before every service is registered: wait for a real answer.
+      const clients = createSandboxClients(paths.address, 'default');
+      try {
+        await waitFor(
+          async () => {
+            if (p.exitInfo() !== undefined) throw new Error(`containerd exited during startup\n${logTail()}`);
+            try {
+              await clients.store.call('List', {}, { timeoutMs: 2_000 });
+              return true;
+            } catch {
+              return false;
+            }
+          },
+          { what: 'containerd sandbox store to answer', timeoutMs, describe: logTail },
+        );
+      } finally {
+        clients.close();
+      }
+    },
+    async stop(stopOptions = {}) {
+      if (current === undefined) return { code: null, signal: null, graceful: true };
+      tracker.snapshot();
+      return stopProcess(current, { graceMs: stopOptions.graceMs ?? options.stopGraceMs ?? 10_000 });
+    },
+    async restart() {
+      await instance.stop();
+      await instance.start();
+    },
+    ctr(args, ctrOptions = {}) {
+      const full = ['--address', paths.address];
+      if (ctrOptions.namespace !== undefined) full.push('--namespace', ctrOptions.namespace);
+      full.push(...args);
+      return runCommand('ctr', full, ctrOptions.timeoutMs ?? 30_000);
+    },
+    logTail,
+    async teardown() {
+      if (tornDown) return [];
+      tornDown = true;
+      await instance.stop();
+      const killed = await tracker.killLeftovers();
+      if (killed.length > 0) {
+        process.stderr.write(`# containerd teardown: killed leftover processes ${killed.join(', ')}\n`);
+      }
+      if (!hadDefaultStateDir) removeIfEmpty(defaultStateDir);
+      if (process.env['TSBOX_E2E_KEEP'] !== '1') await removeTree(dir);
+      return killed;
+    },
+  };
+  try {
+    await instance.start();
+  } catch (err) {
+    await instance.teardown();
+    throw err;
+  }
+  return instance;
+}
+
+function removeIfEmpty(dir: string): void {
+  try {
+    if (readdirSync(dir).length === 0) rmdirSync(dir);
+  } catch {
+    // absent, not empty or in use by another containerd: leave it
+  }
+}
+
+/** Runs a command to completion with a time bound (SIGKILL when it passes). */
+export function runCommand(file: string, args: readonly string[], timeoutMs: number): Promise<CommandResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'pipe'], timeout: timeoutMs, killSignal: 'SIGKILL' });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.once('error', reject);
+    child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
+  });
+}

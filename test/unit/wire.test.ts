@@ -1,0 +1,391 @@
+// Proves that tsbox's wire definitions (proto/) match containerd's own: every
+// message, field number, type and label, and the Controller service's methods, are
+// compared with the reference .proto files Debian ships (SPEC.md section 1). Also
+// round-trips the generated code (src/gen/) and decodes its bytes with the
+// reference definitions.
+//
+// Reference dir: $TSBOX_DEBIAN_PROTOS, else <repo>/.cache/debian-protos/root/usr/share/gocode/src,
+// filled by scripts/install-containerd.sh.
+import assert from 'node:assert/strict';
+import { existsSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import protobuf from 'protobufjs';
+
+import {
+  Metrics as CgroupV1Metrics,
+} from '../../src/gen/cgroups/v1/metrics.js';
+import {
+  ControllerMetricsResponse,
+  ControllerService,
+  ControllerStatusResponse,
+} from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
+
+/** Packages whose messages we own and compare; google.protobuf comes from protobufjs itself. */
+const OUR_PACKAGES = [
+  'containerd.services.sandbox.v1',
+  'containerd.types',
+  'io.containerd.cgroups.v1',
+  'io.containerd.cgroups.v2',
+] as const;
+
+/** Reference files, relative to the reference root. Their imports are resolved from there too. */
+const REFERENCE_FILES = [
+  'github.com/containerd/containerd/api/services/sandbox/v1/sandbox.proto',
+  'github.com/containerd/cgroups/v3/cgroup1/stats/metrics.proto',
+  'github.com/containerd/cgroups/v3/cgroup2/stats/metrics.proto',
+] as const;
+
+/**
+ * Imports that only carry Go code-generation options. If a reference file names one
+ * that Debian does not ship, it is skipped: protobufjs keeps unknown options as
+ * plain values, so nothing on the wire depends on these files.
+ */
+const OPTION_ONLY_IMPORTS = new Set(['gogoproto/gogo.proto', 'github.com/gogo/protobuf/gogoproto/gogo.proto']);
+
+/** How one field looks on the wire. */
+interface FieldShape {
+  readonly id: number;
+  /** Scalar type name, or the fully qualified name of a message/enum type. */
+  readonly type: string;
+  /** 'single', 'repeated' or 'map<keyType>'. */
+  readonly label: string;
+}
+
+/**
+ * What we define beyond the Debian reference (containerd 2.1.9, containerd/cgroups
+ * 3.0.5). Each is excused only while the reference lacks it; once the reference has
+ * it, it is compared like any other field. The expected shape is pinned here so a
+ * wrong number can't hide behind the excuse.
+ */
+const NEWER_FIELDS: ReadonlyMap<string, FieldShape & { readonly why: string }> = new Map([
+  [
+    'containerd.services.sandbox.v1.ControllerStartResponse.spec',
+    // SPEC.md section 2: field 7 `spec` was added in containerd 2.3; older peers skip it.
+    { id: 7, type: 'google.protobuf.Any', label: 'single', why: 'containerd 2.3 (SPEC.md section 2)' },
+  ],
+  [
+    'io.containerd.cgroups.v2.Metrics.network',
+    { id: 9, type: 'io.containerd.cgroups.v2.NetworkStat', label: 'repeated', why: 'containerd/cgroups after 3.0.5' },
+  ],
+  [
+    'io.containerd.cgroups.v2.CPUStat.nr_bursts',
+    { id: 8, type: 'uint64', label: 'single', why: 'containerd/cgroups after 3.0.5' },
+  ],
+  [
+    'io.containerd.cgroups.v2.CPUStat.burst_usec',
+    { id: 9, type: 'uint64', label: 'single', why: 'containerd/cgroups after 3.0.5' },
+  ],
+]);
+
+/**
+ * Messages we define that the reference predates, mapped to a reference message with
+ * the same fields: upstream cgroup2's NetworkStat repeats cgroup1's field for field.
+ */
+const NEWER_MESSAGES: ReadonlyMap<string, string> = new Map([
+  ['io.containerd.cgroups.v2.NetworkStat', 'io.containerd.cgroups.v1.NetworkStat'],
+]);
+
+/** The repository root: the nearest ancestor holding package.json and proto/. */
+function findRepoRoot(): string {
+  let dir = path.dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(path.join(dir, 'package.json')) && existsSync(path.join(dir, 'proto'))) return dir;
+    const parent = path.dirname(dir);
+    if (parent === dir) throw new Error('wire.test: cannot find the repository root (package.json + proto/)');
+    dir = parent;
+  }
+}
+
+const repoRoot = findRepoRoot();
+const protoDir = path.join(repoRoot, 'proto');
+const referenceDir =
+  process.env['TSBOX_DEBIAN_PROTOS'] ?? path.join(repoRoot, '.cache/debian-protos/root/usr/share/gocode/src');
+
+/** Loads .proto files into a fresh root, resolving imports below importRoot. */
+function loadRoot(importRoot: string, files: readonly string[]): protobuf.Root {
+  const root = new protobuf.Root();
+  root.resolvePath = (origin: string, target: string): string | null => {
+    if (path.isAbsolute(target)) return target;
+    const candidate = path.join(importRoot, target);
+    if (existsSync(candidate)) return candidate;
+    if (OPTION_ONLY_IMPORTS.has(target)) return null;
+    throw new Error(`wire.test: ${origin} imports ${target}, which is not under ${importRoot}`);
+  };
+  root.loadSync(
+    files.map((f) => path.join(importRoot, f)),
+    { keepCase: true },
+  );
+  root.resolveAll();
+  return root;
+}
+
+function listProtoFiles(dir: string): string[] {
+  return readdirSync(dir, { recursive: true, encoding: 'utf8' })
+    .filter((f) => f.endsWith('.proto'))
+    .sort();
+}
+
+let referenceRoot: protobuf.Root | undefined;
+/** The reference definitions; fails (never skips) when they are not unpacked. */
+function reference(): protobuf.Root {
+  if (referenceRoot === undefined) {
+    const missing = REFERENCE_FILES.filter((f) => !existsSync(path.join(referenceDir, f)));
+    if (missing.length > 0) {
+      assert.fail(
+        `reference .proto files not found under ${referenceDir} (missing ${missing.join(', ')}). ` +
+          'Run scripts/install-containerd.sh (as root) to unpack them, or point TSBOX_DEBIAN_PROTOS at them.',
+      );
+    }
+    referenceRoot = loadRoot(referenceDir, REFERENCE_FILES);
+  }
+  return referenceRoot;
+}
+
+let oursRoot: protobuf.Root | undefined;
+function ours(): protobuf.Root {
+  oursRoot ??= loadRoot(protoDir, listProtoFiles(protoDir));
+  return oursRoot;
+}
+
+/** Fully qualified name without protobufjs's leading dot. */
+function fqn(obj: protobuf.ReflectionObject): string {
+  return obj.fullName.replace(/^\./, '');
+}
+
+function shapeOf(field: protobuf.Field): FieldShape {
+  const type = field.resolvedType === null ? field.type : fqn(field.resolvedType);
+  let label = 'single';
+  if (field instanceof protobuf.MapField) label = `map<${field.keyType}>`;
+  else if (field.repeated) label = 'repeated';
+  return { id: field.id, type, label };
+}
+
+/** Every message type (nested ones included) below a namespace. */
+function messagesIn(ns: protobuf.NamespaceBase): protobuf.Type[] {
+  const out: protobuf.Type[] = [];
+  for (const obj of ns.nestedArray) {
+    if (obj instanceof protobuf.Type) out.push(obj);
+    if (obj instanceof protobuf.Namespace || obj instanceof protobuf.Type) out.push(...messagesIn(obj));
+  }
+  return out;
+}
+
+function ourMessages(pkg: string): protobuf.Type[] {
+  const types = messagesIn(ours().lookup(pkg) as protobuf.Namespace);
+  assert.ok(types.length > 0, `no messages of ours in package ${pkg}`);
+  return types;
+}
+
+function lookupTypeOrNull(root: protobuf.Root, name: string): protobuf.Type | null {
+  const found = root.lookup(name);
+  return found instanceof protobuf.Type ? found : null;
+}
+
+/** Compares one of our messages field by field with the reference message of the same name. */
+function assertSameMessage(mine: protobuf.Type): void {
+  const name = fqn(mine);
+  const standIn = NEWER_MESSAGES.get(name);
+  let theirs = lookupTypeOrNull(reference(), name);
+  if (theirs === null && standIn !== undefined) theirs = lookupTypeOrNull(reference(), standIn);
+  assert.ok(theirs !== null, `${name}: no such message in the reference`);
+
+  for (const field of mine.fieldsArray) {
+    const key = `${name}.${field.name}`;
+    const theirField = theirs.fields[field.name];
+    const mineShape = shapeOf(field);
+    if (theirField === undefined) {
+      const newer = NEWER_FIELDS.get(key);
+      assert.ok(newer !== undefined, `${key}: the reference has no such field`);
+      assert.deepEqual(mineShape, { id: newer.id, type: newer.type, label: newer.label }, `${key} (${newer.why})`);
+      continue;
+    }
+    const theirShape = shapeOf(theirField);
+    if (standIn !== undefined && theirs.fullName !== mine.fullName) {
+      // Types of a stand-in live in the other package: compare their short names.
+      assert.deepEqual(
+        { ...mineShape, type: mineShape.type.split('.').pop() },
+        { ...theirShape, type: theirShape.type.split('.').pop() },
+        key,
+      );
+    } else {
+      assert.deepEqual(mineShape, theirShape, key);
+    }
+  }
+  for (const theirField of theirs.fieldsArray) {
+    assert.ok(
+      mine.fields[theirField.name] !== undefined,
+      `${name}.${theirField.name} (field ${theirField.id}) is in the reference but not in proto/`,
+    );
+  }
+  assert.deepEqual(
+    mine.oneofsArray.map((o) => o.name),
+    theirs.oneofsArray.map((o) => o.name),
+    `${name}: oneofs`,
+  );
+}
+
+/** Every message reachable through fields from the given roots, google.protobuf excluded. */
+function reachable(roots: readonly protobuf.Type[]): Set<string> {
+  const seen = new Set<string>();
+  const queue = [...roots];
+  for (let t = queue.pop(); t !== undefined; t = queue.pop()) {
+    const name = fqn(t);
+    if (seen.has(name) || name.startsWith('google.protobuf.')) continue;
+    seen.add(name);
+    for (const field of t.fieldsArray) {
+      if (field.resolvedType instanceof protobuf.Type) queue.push(field.resolvedType);
+    }
+  }
+  return seen;
+}
+
+function controller(root: protobuf.Root): protobuf.Service {
+  return root.lookupService('containerd.services.sandbox.v1.Controller');
+}
+
+test('the reference definitions are present and load', () => {
+  const ref = reference();
+  assert.ok(controller(ref).methodsArray.length > 0);
+});
+
+for (const pkg of OUR_PACKAGES) {
+  test(`every message in ${pkg} matches the reference field by field`, () => {
+    for (const mine of ourMessages(pkg)) assertSameMessage(mine);
+  });
+}
+
+test('Controller service: same nine unary methods with the same request and response types', () => {
+  const mine = controller(ours());
+  const theirs = controller(reference());
+  const describe = (s: protobuf.Service): Record<string, unknown> =>
+    Object.fromEntries(
+      s.methodsArray.map((m) => [
+        m.name,
+        {
+          request: m.resolvedRequestType === null ? m.requestType : fqn(m.resolvedRequestType),
+          response: m.resolvedResponseType === null ? m.responseType : fqn(m.resolvedResponseType),
+          requestStream: m.requestStream === true,
+          responseStream: m.responseStream === true,
+        },
+      ]),
+    );
+  assert.deepEqual(describe(mine), describe(theirs));
+  assert.deepEqual(
+    mine.methodsArray.map((m) => m.name).sort(),
+    ['Create', 'Metrics', 'Platform', 'Shutdown', 'Start', 'Status', 'Stop', 'Update', 'Wait'],
+  );
+});
+
+test('we define every message the reference Controller and cgroups Metrics trees use', () => {
+  const ref = reference();
+  const roots: protobuf.Type[] = [
+    ...controller(ref).methodsArray.flatMap((m) => {
+      const types: protobuf.Type[] = [];
+      if (m.resolvedRequestType !== null) types.push(m.resolvedRequestType);
+      if (m.resolvedResponseType !== null) types.push(m.resolvedResponseType);
+      return types;
+    }),
+    ref.lookupType('io.containerd.cgroups.v1.Metrics'),
+    ref.lookupType('io.containerd.cgroups.v2.Metrics'),
+    // Sandbox and Metric carry Anys; the types they point at are not reachable through fields.
+    ref.lookupType('containerd.types.Sandbox'),
+    ref.lookupType('containerd.types.Metric'),
+  ];
+  const needed = [...reachable(roots)].sort();
+  const missing = needed.filter((name) => lookupTypeOrNull(ours(), name) === null);
+  assert.deepEqual(missing, [], 'reference messages missing from proto/');
+  assert.ok(needed.includes('io.containerd.cgroups.v1.MemoryStat'));
+  assert.ok(needed.includes('io.containerd.cgroups.v2.PSIData'));
+});
+
+test('generated service paths are containerd\'s', () => {
+  const paths = Object.values(ControllerService).map((m) => m.path).sort();
+  assert.deepEqual(
+    paths,
+    controller(reference())
+      .methodsArray.map((m) => `/containerd.services.sandbox.v1.Controller/${m.name}`)
+      .sort(),
+  );
+  for (const m of Object.values(ControllerService)) {
+    assert.equal(m.requestStream, false);
+    assert.equal(m.responseStream, false);
+  }
+});
+
+/**
+ * Decodes bytes with a reference message type into plain JSON data: longs as numbers,
+ * bytes as base64, fields absent from the wire omitted.
+ */
+function decodeWithReference(typeName: string, bytes: Uint8Array): Record<string, unknown> {
+  const type = reference().lookupType(typeName);
+  const plain = type.toObject(type.decode(bytes), { longs: Number, bytes: String, defaults: false });
+  return JSON.parse(JSON.stringify(plain)) as Record<string, unknown>;
+}
+
+test('ControllerStatusResponse round-trips and reads back with the reference definition', () => {
+  const status = ControllerStatusResponse.fromPartial({
+    sandboxId: 'c0ffee',
+    pid: 4242,
+    state: 'SANDBOX_NOTREADY',
+    info: { info: '{"pid":4242}' },
+    // Go's zero time, as CRI sends it for host-network pods (SPEC.md section 2).
+    createdAt: { seconds: -62135596800, nanos: 0 },
+    exitedAt: { seconds: 1_700_000_000, nanos: 123_000_000 },
+    extra: { typeUrl: 'example.com/Extra', value: Buffer.from([1, 2, 3]) },
+    address: 'ttrpc+unix:///run/tsbox/s.sock',
+    version: 3,
+  });
+  const bytes = ControllerStatusResponse.encode(status).finish();
+  assert.deepEqual(ControllerStatusResponse.decode(bytes), status);
+
+  assert.deepEqual(decodeWithReference('containerd.services.sandbox.v1.ControllerStatusResponse', bytes), {
+    sandbox_id: 'c0ffee',
+    pid: 4242,
+    state: 'SANDBOX_NOTREADY',
+    info: { info: '{"pid":4242}' },
+    created_at: { seconds: -62135596800 },
+    exited_at: { seconds: 1_700_000_000, nanos: 123_000_000 },
+    extra: { type_url: 'example.com/Extra', value: Buffer.from([1, 2, 3]).toString('base64') },
+    address: 'ttrpc+unix:///run/tsbox/s.sock',
+    version: 3,
+  });
+});
+
+test('a Metric holding cgroups v1 Metrics in an Any round-trips', () => {
+  const stats = CgroupV1Metrics.fromPartial({
+    pids: { current: 3, limit: 0 },
+    cpu: { usage: { total: 1_500_000, kernel: 500_000, user: 1_000_000, perCpu: [700_000, 800_000] } },
+    memory: { rss: 4096, totalRss: 8192, usage: { limit: 1 << 30, usage: 8192, max: 16384, failcnt: 0 } },
+    hugetlb: [{ pagesize: '2MB', usage: 0, max: 0, failcnt: 0 }],
+  });
+  const typeUrl = 'io.containerd.cgroups.v1.Metrics';
+  const response = ControllerMetricsResponse.fromPartial({
+    metrics: {
+      id: 'c0ffee',
+      timestamp: { seconds: 1_700_000_000, nanos: 1 },
+      data: { typeUrl, value: Buffer.from(CgroupV1Metrics.encode(stats).finish()) },
+    },
+  });
+  const bytes = ControllerMetricsResponse.encode(response).finish();
+  const decoded = ControllerMetricsResponse.decode(bytes);
+  assert.deepEqual(decoded, response);
+  const data = decoded.metrics?.data;
+  assert.ok(data !== undefined);
+  assert.equal(data.typeUrl, typeUrl);
+  assert.deepEqual(CgroupV1Metrics.decode(data.value), stats);
+
+  // containerd's side: the Any's payload decodes as the reference cgroups message.
+  const theirs = decodeWithReference(typeUrl, data.value);
+  assert.deepEqual(theirs['pids'], { current: 3 });
+  assert.deepEqual(theirs['cpu'], {
+    usage: { total: 1_500_000, kernel: 500_000, user: 1_000_000, per_cpu: [700_000, 800_000] },
+  });
+  assert.deepEqual(theirs['memory'], {
+    rss: 4096,
+    total_rss: 8192,
+    usage: { limit: 1 << 30, usage: 8192, max: 16384 },
+  });
+  assert.deepEqual(theirs['hugetlb'], [{ pagesize: '2MB' }]);
+});
