@@ -18,6 +18,9 @@ const GOARCH: Readonly<Record<string, string>> = {
 export function hostPlatform(): HostPlatform {
   const arch = process.arch;
   let variant = '';
-  if (arch === 'arm') variant = `v${String((process.config.variables as Record<string, unknown>)['arm_version'] ?? '7')}`;
+  if (arch === 'arm') {
+    const version = (process.config.variables as Record<string, unknown>)['arm_version'];
+    variant = `v${typeof version === 'string' || typeof version === 'number' ? version : 7}`;
+  }
   return { os: 'linux', architecture: GOARCH[arch] ?? arch, variant };
 }

@@ -39,8 +39,17 @@ export class FsRecordStore implements RecordStore {
   save(record: SandboxRecord): Promise<void> {
     const dir = this.#layout.sandboxDir(record.namespace, record.id);
     return this.#chain(dir, async () => {
-      const created = await mkdir(dir, { recursive: true, mode: 0o700 });
-      await writeFileAtomic(join(dir, RECORD_FILE), JSON.stringify(record));
+      let created: string | undefined;
+      for (let attempt = 0; ; attempt++) {
+        try {
+          created = await mkdir(dir, { recursive: true, mode: 0o700 });
+          await writeFileAtomic(join(dir, RECORD_FILE), JSON.stringify(record));
+          break;
+        } catch (err) {
+          // The namespace directory may vanish under us when its last other sandbox is removed.
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 2) throw err;
+        }
+      }
       // A new directory must itself survive a crash: sync the parents it was created in.
       if (created !== undefined) {
         await syncDir(join(dir, '..'));

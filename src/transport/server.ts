@@ -72,7 +72,7 @@ export function createServer(options: ServerOptions): TsboxServer {
   function unary<Req extends { sandboxId: string }, Res>(rpc: string, handler: Handler<Req, Res>) {
     return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
       const started = debug ? process.hrtime.bigint() : 0n;
-      const ctx = new CallContext(call as ServerUnaryCall<unknown, unknown>, registry);
+      const ctx = new CallContext(call, registry);
       inFlight++;
       const finish = (): void => {
         ctx.dispose();

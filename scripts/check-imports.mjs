@@ -1,0 +1,76 @@
+// Checks that layers import one way (STYLE.md): entry/cli → transport, config, log →
+// controller → its interfaces. The controller and state layers must not reach into
+// transports or child processes, and nothing may import upward. Exits 1 on a violation.
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const src = join(root, 'src');
+
+// For each layer: module specifiers and project folders it must not import.
+const RULES = [
+  { layer: 'controller', banned: ['@grpc/grpc-js', 'node:child_process', 'node:fs', 'node:fs/promises', 'node:net', 'pino-pretty'], bannedDirs: ['transport', 'runtime', 'state', 'gen'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts', 'config.ts'] },
+  { layer: 'state', banned: ['@grpc/grpc-js', 'node:child_process'], bannedDirs: ['transport', 'runtime', 'gen'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
+  { layer: 'runtime', banned: ['@grpc/grpc-js'], bannedDirs: ['transport'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
+  { layer: 'transport', banned: ['node:child_process'], bannedDirs: ['runtime', 'state'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
+];
+
+function walk(dir) {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    return statSync(path).isDirectory() ? walk(path) : path.endsWith('.ts') ? [path] : [];
+  });
+}
+
+const problems = [];
+for (const file of walk(src)) {
+  const rel = relative(src, file);
+  const layer = rel.split('/')[0];
+  const rule = RULES.find((r) => r.layer === layer);
+  const text = readFileSync(file, 'utf8');
+  for (const match of text.matchAll(/^\s*(?:import|export)\s[^'"]*?from\s+['"]([^'"]+)['"]/gm)) {
+    const spec = match[1];
+    if (spec.startsWith('.')) {
+      const target = relative(src, resolve(dirname(file), spec));
+      const targetTop = target.split('/')[0];
+      if (target.startsWith('..')) problems.push(`${rel}: imports ${spec}, outside src/`);
+      if (rule && (rule.bannedDirs.includes(targetTop) || rule.bannedFiles.includes(target.replace(/\.js$/, '.ts')))) {
+        if (!(layer === 'controller' && targetTop === 'controller')) problems.push(`${rel}: the ${layer} layer must not import ${spec}`);
+      }
+    } else if (rule && rule.banned.includes(spec)) {
+      problems.push(`${rel}: the ${layer} layer must not import ${spec}`);
+    }
+  }
+}
+
+// Import cycles between files.
+const graph = new Map();
+for (const file of walk(src)) {
+  const deps = [];
+  for (const match of readFileSync(file, 'utf8').matchAll(/^\s*import\s(?!type\s)[^'"]*?from\s+['"](\.[^'"]+)['"]/gm)) {
+    deps.push(resolve(dirname(file), match[1]).replace(/\.js$/, '.ts'));
+  }
+  graph.set(file, deps);
+}
+const state = new Map();
+const stack = [];
+function visit(node) {
+  state.set(node, 'open');
+  stack.push(node);
+  for (const dep of graph.get(node) ?? []) {
+    if (state.get(dep) === 'open') {
+      const cycle = stack.slice(stack.indexOf(dep)).map((f) => relative(src, f));
+      problems.push(`import cycle: ${[...cycle, relative(src, dep)].join(' → ')}`);
+    } else if (!state.has(dep)) visit(dep);
+  }
+  stack.pop();
+  state.set(node, 'done');
+}
+for (const node of graph.keys()) if (!state.has(node)) visit(node);
+
+if (problems.length > 0) {
+  console.error(`import boundaries violated:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+  process.exit(1);
+}
+console.log(`import boundaries ok (${graph.size} files)`);
