@@ -28,6 +28,12 @@ export interface Config {
   readonly recoveryConcurrency: number;
   /** How often sandboxes whose supervisor tsbox did not start are checked. */
   readonly supervisorPollMs: number;
+  /**
+   * Crash tests only: the daemon kills itself with SIGKILL at this named point (see
+   * CrashPoint in controller.ts). Set only by the TSBOX_CRASH_AT environment variable; no
+   * flag, file setting or RPC reaches it; empty (off) by default.
+   */
+  readonly crashAt: string;
 }
 
 /** A configuration that cannot be used; `problems` lists every reason, one per line. */
@@ -57,6 +63,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     shutdownDrainMs: 5000,
     recoveryConcurrency: 32,
     supervisorPollMs: 5000,
+    crashAt: env['TSBOX_CRASH_AT'] ?? '',
   };
 }
 
@@ -88,6 +95,7 @@ const schema = z
     shutdownDrainMs: intFlag(0, 600_000),
     recoveryConcurrency: intFlag(1, 1024),
     supervisorPollMs: intFlag(100, 600_000),
+    crashAt: z.string(),
   })
   .strict();
 
@@ -119,6 +127,9 @@ export function readConfigFile(path: string): ConfigInput {
  * paths in flags are resolved against the working directory.
  */
 export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Config = defaultConfig()): Config {
+  if ('crashAt' in file || 'crashAt' in flags) {
+    throw new ConfigError(['unknown setting(s): crash_at']);
+  }
   const merged: Record<string, unknown> = { ...base, ...file, ...flags };
   for (const key of ['socket', 'stateDir', 'shimPath'] as const) {
     const value = flags[key];

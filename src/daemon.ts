@@ -1,7 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
-import { Controller } from './controller/controller.js';
+import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import type { RuntimeBackend } from './controller/types.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
@@ -38,6 +38,18 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
   return backend;
 }
 
+/** The crash-test hook: dies with SIGKILL at the configured point; nothing when unset. */
+function crashHook(crashAt: string, logger: Logger): ((point: CrashPoint) => void) | undefined {
+  if (crashAt === '') return undefined;
+  if (!CRASH_POINTS.includes(crashAt as CrashPoint)) {
+    throw new Error(`TSBOX_CRASH_AT=${crashAt} is not one of: ${CRASH_POINTS.join(', ')}`);
+  }
+  logger.warn({ crashAt }, 'crash test: this daemon will kill itself at the named point');
+  return (point) => {
+    if (point === crashAt) process.kill(process.pid, 'SIGKILL');
+  };
+}
+
 /**
  * Builds and starts tsbox: refuses a socket another server answers on, recovers every
  * sandbox from the state dir, and only then accepts calls.
@@ -49,6 +61,7 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   const backend = await createBackend(config, logger);
   const controller = new Controller({
+    crashPoint: crashHook(config.crashAt, logger),
     backend,
     store: new FsRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' })),
     logger: logger.child({ component: 'controller' }),

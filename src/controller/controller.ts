@@ -57,7 +57,38 @@ export const systemClock: Clock = () => {
 /** The status a sandbox reports when its exit cannot be known (containerd's convention). */
 export const UNKNOWN_EXIT_STATUS = 255;
 
+/**
+ * Named points in the operations where a crash is most harmful. The crash tests make the
+ * daemon die at one of them (see config.ts, `faultPoint`); in normal use this is a no-op.
+ */
+export type CrashPoint =
+  | 'create:after-save'
+  | 'start:after-intent'
+  | 'start:after-spawn'
+  | 'start:after-record'
+  | 'stop:after-kill'
+  | 'exit:before-save'
+  | 'exit:after-save'
+  | 'shutdown:after-kill'
+  | 'shutdown:before-remove'
+  | 'shutdown:after-remove';
+
+export const CRASH_POINTS: readonly CrashPoint[] = [
+  'create:after-save',
+  'start:after-intent',
+  'start:after-spawn',
+  'start:after-record',
+  'stop:after-kill',
+  'exit:before-save',
+  'exit:after-save',
+  'shutdown:after-kill',
+  'shutdown:before-remove',
+  'shutdown:after-remove',
+];
+
 export interface ControllerOptions {
+  /** Called at each CrashPoint; the daemon's hook dies there when told to. */
+  readonly crashPoint?: ((point: CrashPoint) => void) | undefined;
   readonly backend: RuntimeBackend;
   readonly store: RecordStore;
   readonly logger: Logger;
@@ -117,8 +148,10 @@ export class Controller {
   readonly #platform: HostPlatform;
   readonly #clock: Clock;
   readonly #stateDir: string;
+  readonly #crash: (point: CrashPoint) => void;
 
   constructor(options: ControllerOptions) {
+    this.#crash = options.crashPoint ?? (() => undefined);
     this.#backend = options.backend;
     this.#store = options.store;
     this.#log = options.logger;
@@ -178,6 +211,7 @@ export class Controller {
         this.#sandboxes.delete(key);
         throw err;
       }
+      this.#crash('create:after-save');
       sandbox.log.info({ state: 'created' }, 'sandbox created');
     });
   }
@@ -193,10 +227,13 @@ export class Controller {
         // The intent is durable before anything runs: after a crash here, recovery knows a
         // process may exist and removes it.
         await this.#persist(sandbox, {});
+        this.#crash('start:after-intent');
         running = await this.#backend.start(sandbox.spec);
+        this.#crash('start:after-spawn');
         const startedAt = this.#clock();
         sandbox.moveTo('started');
         await this.#persist(sandbox, { startedAt, pid: running.pid, backend: running.handle });
+        this.#crash('start:after-record');
       } catch (err) {
         await this.#undoStart(sandbox, running, err);
         throw err;
@@ -236,8 +273,10 @@ export class Controller {
     if (sandbox.state !== 'running') return;
     sandbox.moveTo('exit');
     sandbox.log.info({ exitStatus: exit.status, reason: exit.reason }, 'sandbox exited');
+    this.#crash('exit:before-save');
     try {
       await this.#persist(sandbox, { exit, pid: 0 });
+      this.#crash('exit:after-save');
     } catch (err) {
       sandbox.log.error({ err }, 'cannot persist the exit; it is known only until tsbox restarts');
     }
@@ -269,6 +308,7 @@ export class Controller {
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info({ timeoutSeconds }, timeoutSeconds === 0 ? 'killing sandbox' : 'stopping sandbox');
         this.#backend.kill(sandbox.running, timeoutSeconds);
+        this.#crash('stop:after-kill');
       }
     });
     if (sandbox.state !== 'removed') await sandbox.exit.wait(signal);
@@ -337,12 +377,15 @@ export class Controller {
       if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info('shutdown: killing running sandbox');
         this.#backend.kill(sandbox.running, 0);
+        this.#crash('shutdown:after-kill');
         await sandbox.exit.wait(signal);
       } else if (sandbox.state === 'created') {
         await this.#exitUnstarted(sandbox, 'shut down before it was started');
       }
       await this.#backend.release(sandbox.spec);
+      this.#crash('shutdown:before-remove');
       await this.#store.remove(namespace, id);
+      this.#crash('shutdown:after-remove');
       sandbox.moveTo('remove');
       this.#sandboxes.delete(key);
     });
@@ -398,8 +441,21 @@ export class Controller {
       }
     };
     await Promise.all(Array.from({ length: Math.max(1, Math.min(concurrency, records.length)) }, worker));
+    for (const { namespace, id } of quarantined) await this.#dropQuarantined(namespace, id);
     const seconds = Number(process.hrtime.bigint() - begin) / 1e9;
-    return { recovered: this.#sandboxes.size, ...counts, quarantined, seconds };
+    return { recovered: this.#sandboxes.size, ...counts, quarantined: quarantined.length, seconds };
+  }
+
+  /** A sandbox whose record was unreadable: no process of it may run without a record. */
+  async #dropQuarantined(namespace: string, id: string): Promise<void> {
+    const spec: LaunchSpec = { namespace, id };
+    try {
+      await this.#backend.abandon(spec);
+      await this.#backend.release(spec);
+      await this.#store.remove(namespace, id);
+    } catch (err) {
+      this.#childLog(namespace, id).error({ err }, 'cannot clean up after a quarantined record');
+    }
   }
 
   async #recoverOne(record: SandboxRecord): Promise<'running' | 'exited' | 'created'> {

@@ -101,8 +101,11 @@ export interface SandboxRecord {
 /** What the store found on disk at start-up. */
 export interface LoadedRecords {
   readonly records: SandboxRecord[];
-  /** Records moved aside because they could not be read. */
-  readonly quarantined: number;
+  /**
+   * Sandboxes whose record could not be read and was moved aside; their directories are
+   * left for the controller to clean up (their processes must not run without a record).
+   */
+  readonly quarantined: readonly { readonly namespace: string; readonly id: string }[];
 }
 
 /** Keeps records durable: a save has reached the disk when its promise resolves. */

@@ -274,9 +274,12 @@ export class ProcessBackend implements RuntimeBackend {
     }
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid === undefined || pid === undefined || !(pid > 0)) return;
-    // Only a supervisor whose command line names this sandbox's directory is ours.
+    // Only a supervisor whose command line names this sandbox's directory is ours; without
+    // it, a sandbox process is ours only if it sits in this sandbox's cgroup.
     const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => '');
-    if (!cmdline.split('\0').includes(dir)) return;
+    const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+    const ours = cmdline.split('\0').includes(dir) || cgroup.includes(`/${spec.namespace}@${spec.id}\n`);
+    if (!ours) return;
     this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
     signalGroup(pid, 'SIGKILL');
     for (let i = 0; i < 200 && (await processStartTime(shimPid)) !== undefined; i++) {

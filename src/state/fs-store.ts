@@ -72,7 +72,7 @@ export class FsRecordStore implements RecordStore {
   async loadAll(): Promise<LoadedRecords> {
     await mkdir(this.#layout.sandboxes, { recursive: true, mode: 0o700 });
     const records: SandboxRecord[] = [];
-    let quarantined = 0;
+    const quarantined: { namespace: string; id: string }[] = [];
     for (const namespace of await readdir(this.#layout.sandboxes)) {
       const nsDir = join(this.#layout.sandboxes, namespace);
       let ids: string[];
@@ -86,9 +86,8 @@ export class FsRecordStore implements RecordStore {
         const dir = join(nsDir, id);
         const result = await this.#read(dir, namespace, id);
         if (result.ok) records.push(result.record);
-        else {
-          await this.#quarantine(dir, namespace, id, result.reason);
-          quarantined++;
+        else if (await this.#quarantine(dir, namespace, id, result.reason)) {
+          quarantined.push({ namespace, id });
         }
       }
     }
@@ -121,17 +120,28 @@ export class FsRecordStore implements RecordStore {
     return { ok: true, record: parsed.data as SandboxRecord };
   }
 
-  async #quarantine(dir: string, namespace: string, id: string, reason: string): Promise<void> {
+  /**
+   * Moves an unreadable record to quarantine/ with a log line naming the file and the
+   * reason. Returns true when the sandbox directory stays for the caller to clean up (its
+   * name is a valid sandbox key); a directory that cannot be a sandbox's moves whole.
+   */
+  async #quarantine(dir: string, namespace: string, id: string, reason: string): Promise<boolean> {
     await mkdir(this.#layout.quarantine, { recursive: true, mode: 0o700 });
-    const target = join(this.#layout.quarantine, `${namespace}@${id}.${Date.now()}`);
+    const file = join(dir, RECORD_FILE);
+    const valid = recordSchema.shape.namespace.safeParse(namespace).success && recordSchema.shape.id.safeParse(id).success;
+    const target = join(this.#layout.quarantine, `${namespace}@${id}.${Date.now()}${valid ? '.json' : ''}`);
     try {
-      await rename(dir, target);
-      this.#log.error(
-        { file: join(dir, RECORD_FILE), movedTo: target, reason },
-        'sandbox record quarantined: it cannot be read; the sandbox is not served',
-      );
+      await rename(valid ? file : dir, target);
+      await syncDir(this.#layout.quarantine);
+      this.#log.error({ file, movedTo: target, reason }, 'sandbox record quarantined: it cannot be read; the sandbox is not served');
+      return valid;
     } catch (err) {
-      this.#log.error({ file: join(dir, RECORD_FILE), reason, err }, 'sandbox record unreadable and cannot be moved aside');
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT' && valid) {
+        this.#log.error({ file, reason }, 'sandbox directory has no record; its leftovers are removed');
+        return true;
+      }
+      this.#log.error({ file, reason, err }, 'sandbox record unreadable and cannot be moved aside; ignored');
+      return false;
     }
   }
 }
