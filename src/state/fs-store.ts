@@ -50,10 +50,12 @@ export class FsRecordStore implements RecordStore {
           if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 2) throw err;
         }
       }
-      // A new directory must itself survive a crash: sync the parents it was created in.
+      // A new directory must itself survive a crash: sync the directories its entry (and a
+      // new namespace directory's entry) were added to.
       if (created !== undefined) {
-        await syncDir(join(dir, '..'));
-        await syncDir(this.#layout.sandboxes);
+        const nsDir = join(dir, '..');
+        await syncDir(nsDir);
+        if (created !== dir) await syncDir(this.#layout.sandboxes);
       }
     });
   }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# npm run bench: tsbox against the Go reference server (goref), alternating in one run, then
+# tsbox's real-work figures with real processes. Prints one table and writes a JSON file.
+# A benchmark, not a test: nothing here passes or fails on a number.
+#
+#   npm run bench                       # 3 rounds of 5 s per scenario (~15 min on 2 cores)
+#   ROUNDS=1 DURATION=3s npm run bench  # quicker
+#   SBBENCH_DIR=... (default ../shared/tools/sbbench), SBBENCH_OUT=... (default .cache/sbbench)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+here="$(pwd)"
+export SBBENCH_OUT="${SBBENCH_OUT:-$here/.cache/sbbench}"
+sbbench="${SBBENCH_DIR:-$here/../shared/tools/sbbench}"
+stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+out="${BENCH_OUT:-$here/.cache/bench/$stamp}"
+mkdir -p "$out"
+
+if [ ! -x "$sbbench/compare.sh" ]; then
+  echo "bench: the sbbench harness is not at $sbbench (set SBBENCH_DIR)" >&2
+  exit 1
+fi
+if [ ! -x "$SBBENCH_OUT/bin/sbload" ] || [ ! -x "$SBBENCH_OUT/bin/goref" ]; then
+  echo "==> building goref and sbload from Debian packages into $SBBENCH_OUT" >&2
+  SBBENCH_SKIP_NODE=1 "$sbbench/build.sh" >&2
+fi
+[ -d node_modules/@grpc/grpc-js ] || npm ci --ignore-scripts --no-audit --no-fund >&2
+npm run -s build >&2
+
+echo "==> control plane: tsbox (noop backend) vs goref, alternating" >&2
+ROUNDS="${ROUNDS:-3}" DURATION="${DURATION:-5s}" WARMUP="${WARMUP:-2s}" OUT="$out/compare" \
+  B_LABEL=tsbox B_CMD="node $here/dist/src/main.js serve --socket {SOCK} --state-dir {DIR} --backend noop --log-level warn" \
+  "$sbbench/compare.sh" > /dev/null
+
+echo "==> real work: process backend" >&2
+node dist/bench/real-work.js --sbload "$SBBENCH_OUT/bin/sbload" ${QUICK:+--quick} > "$out/real-work.json"
+
+node dist/bench/report.js --compare "$out/compare/runs.jsonl" --real-work "$out/real-work.json" \
+  --json "$out/bench.json" --machine "$(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -sr)"
+echo "results: $out" >&2
