@@ -71,13 +71,10 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
 export const DEFAULT_CONFIG_FILE = '/etc/tsbox/config.toml';
 
 const absolutePath = z.string().min(1).refine(isAbsolute, 'must be an absolute path');
-const mode = z.union([
-  z.number().int().min(0).max(0o777),
-  z
-    .string()
-    .regex(/^0?[0-7]{3}$/, 'must be an octal mode such as "0660"')
-    .transform((s) => parseInt(s, 8)),
-]);
+const mode = z.preprocess(
+  (v) => (typeof v === 'string' && /^0?[0-7]{3}$/.test(v) ? parseInt(v, 8) : v),
+  z.number({ error: 'must be an octal mode such as "0660"' }).int().min(0).max(0o777),
+);
 const intFlag = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 const boolFlag = z.union([z.boolean(), z.enum(['true', 'false']).transform((s) => s === 'true')]);
 
@@ -102,6 +99,8 @@ const schema = z
 export type ConfigInput = Partial<Record<keyof Config, unknown>>;
 
 const camel = (key: string): string => key.replace(/[_-]([a-z])/g, (_, c: string) => c.toUpperCase());
+/** Settings are named in messages as the TOML file spells them. */
+const snake = (key: string): string => key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 
 /** Reads a TOML config file into settings, with keys turned into camelCase. */
 export function readConfigFile(path: string): ConfigInput {
@@ -127,23 +126,24 @@ export function readConfigFile(path: string): ConfigInput {
  * paths in flags are resolved against the working directory.
  */
 export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Config = defaultConfig()): Config {
-  if ('crashAt' in file || 'crashAt' in flags) {
-    throw new ConfigError(['unknown setting(s): crash_at']);
-  }
-  const merged: Record<string, unknown> = { ...base, ...file, ...flags };
+  const problems: string[] = [];
+  // The crash-test hook comes only from the environment (see Config.crashAt).
+  const { crashAt: fileCrash, ...fromFile } = file;
+  const { crashAt: flagCrash, ...fromFlags } = flags;
+  if (fileCrash !== undefined || flagCrash !== undefined) problems.push('unknown setting(s): crash_at');
+  const merged: Record<string, unknown> = { ...base, ...fromFile, ...fromFlags };
   for (const key of ['socket', 'stateDir', 'shimPath'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
   }
   const result = schema.safeParse(merged);
   if (!result.success) {
-    throw new ConfigError(
-      result.error.issues.map((issue) => {
-        const key = issue.path.join('.');
-        if (issue.code === 'unrecognized_keys') return `unknown setting(s): ${issue.keys.join(', ')}`;
-        return `${key || 'config'}: ${issue.message}`;
-      }),
-    );
+    for (const issue of result.error.issues) {
+      const key = issue.path.join('.');
+      if (issue.code === 'unrecognized_keys') problems.push(`unknown setting(s): ${issue.keys.map(snake).join(', ')}`);
+      else problems.push(`${snake(key) || 'config'}: ${issue.message}`);
+    }
   }
+  if (problems.length > 0 || !result.success) throw new ConfigError(problems);
   return Object.freeze(result.data);
 }

@@ -63,7 +63,7 @@ export const UNKNOWN_EXIT_STATUS = 255;
  */
 export type CrashPoint =
   | 'create:after-save'
-  | 'start:after-intent'
+  | 'start:before-spawn'
   | 'start:after-spawn'
   | 'start:after-record'
   | 'stop:after-kill'
@@ -75,7 +75,7 @@ export type CrashPoint =
 
 export const CRASH_POINTS: readonly CrashPoint[] = [
   'create:after-save',
-  'start:after-intent',
+  'start:before-spawn',
   'start:after-spawn',
   'start:after-record',
   'stop:after-kill',
@@ -107,11 +107,18 @@ export interface RecoverySummary {
   readonly seconds: number;
 }
 
-/** One sandbox in memory. Its state changes only through `moveTo`. */
+/**
+ * One sandbox in memory. `state` is what callers see and changes only through `moveTo`,
+ * after the change is durable. `record` is what is (being) written: it changes first, at
+ * the moment a write is issued, so every later write carries every earlier change.
+ */
 class Sandbox {
   state: SandboxState;
   record: SandboxRecord;
+  /** The running process; undefined when none runs or none could be found after a restart. */
   running: RunningSandbox | undefined;
+  /** Set once the exit is being recorded, so it is recorded once. */
+  exiting: Promise<void> | undefined;
   readonly exit = new ExitSignal();
   readonly queue = new SerialQueue();
 
@@ -175,10 +182,14 @@ export class Controller {
     return this.#log.child({ ns: namespace, id });
   }
 
-  async #persist(sandbox: Sandbox, changes: Partial<SandboxRecord>): Promise<void> {
-    const record: SandboxRecord = { ...sandbox.record, ...changes, state: sandbox.state as SandboxRecord['state'] };
-    await this.#store.save(record);
-    sandbox.record = record;
+  /**
+   * Applies `changes` to the sandbox's record and writes it. The record changes before the
+   * write is issued and writes of one sandbox land in the order issued, so a write never
+   * undoes an earlier one (an Update racing an exit keeps the exit).
+   */
+  #write(sandbox: Sandbox, changes: Partial<SandboxRecord>): Promise<void> {
+    sandbox.record = { ...sandbox.record, ...changes };
+    return this.#store.save(sandbox.record);
   }
 
   /** Registers a sandbox; nothing runs. Durable when it returns. */
@@ -221,18 +232,17 @@ export class Controller {
     const sandbox = this.#find(namespace, id);
     return sandbox.queue.run(async () => {
       this.#ensureKnown(sandbox);
+      // 'starting' is not written: a process a crash leaves behind before the 'running'
+      // record is found through the supervisor's pid file at recovery and removed.
       sandbox.moveTo('start');
       let running: RunningSandbox | undefined;
       try {
-        // The intent is durable before anything runs: after a crash here, recovery knows a
-        // process may exist and removes it.
-        await this.#persist(sandbox, {});
-        this.#crash('start:after-intent');
+        this.#crash('start:before-spawn');
         running = await this.#backend.start(sandbox.spec);
         this.#crash('start:after-spawn');
         const startedAt = this.#clock();
+        await this.#write(sandbox, { state: 'running', startedAt, pid: running.pid, backend: running.handle });
         sandbox.moveTo('started');
-        await this.#persist(sandbox, { startedAt, pid: running.pid, backend: running.handle });
         this.#crash('start:after-record');
       } catch (err) {
         await this.#undoStart(sandbox, running, err);
@@ -249,16 +259,15 @@ export class Controller {
       this.#backend.kill(running, 0);
       await new Promise<void>((resolve) => running.onExit(() => resolve()));
     }
-    await this.#backend.release(sandbox.spec);
-    if (sandbox.state === 'running') sandbox.state = 'starting';
-    sandbox.moveTo('start-failed');
+    await this.#backend.release(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'release after a failed start failed'));
     const { startedAt: _s, pid: _p, backend: _b, ...rest } = sandbox.record;
-    sandbox.record = rest;
+    sandbox.record = { ...rest, state: 'created' };
     try {
-      await this.#persist(sandbox, {});
+      await this.#store.save(sandbox.record);
     } catch (err) {
       sandbox.log.error({ err }, 'cannot record the failed start; recovery will clean up');
     }
+    sandbox.moveTo('start-failed');
   }
 
   #watch(sandbox: Sandbox, running: RunningSandbox): void {
@@ -268,25 +277,44 @@ export class Controller {
     });
   }
 
-  /** Records an exit: durable first, then released, then visible to every waiter. */
-  async #recordExit(sandbox: Sandbox, exit: ExitInfo): Promise<void> {
-    if (sandbox.state !== 'running') return;
-    sandbox.moveTo('exit');
-    sandbox.log.info({ exitStatus: exit.status, reason: exit.reason }, 'sandbox exited');
-    this.#crash('exit:before-save');
-    try {
-      await this.#persist(sandbox, { exit, pid: 0 });
-      this.#crash('exit:after-save');
-    } catch (err) {
-      sandbox.log.error({ err }, 'cannot persist the exit; it is known only until tsbox restarts');
-    }
-    try {
-      await this.#backend.release(sandbox.spec);
-    } catch (err) {
-      sandbox.log.warn({ err }, 'releasing the exited sandbox failed');
-    }
-    sandbox.running = undefined;
-    sandbox.exit.resolve(exit);
+  /**
+   * Records an exit once: durable first, then the sandbox's resources released, then
+   * visible (Status NOTREADY) and every waiter woken, in that order (SPEC.md section 6).
+   */
+  #recordExit(sandbox: Sandbox, exit: ExitInfo): Promise<void> {
+    if (sandbox.state !== 'running') return Promise.resolve();
+    sandbox.exiting ??= (async () => {
+      this.#crash('exit:before-save');
+      try {
+        await this.#write(sandbox, { state: 'exited', exit, pid: 0 });
+        this.#crash('exit:after-save');
+      } catch (err) {
+        sandbox.log.error({ err }, 'cannot persist the exit; it is known only until tsbox restarts');
+      }
+      try {
+        await this.#backend.release(sandbox.spec);
+      } catch (err) {
+        sandbox.log.warn({ err }, 'releasing the exited sandbox failed');
+      }
+      sandbox.running = undefined;
+      sandbox.moveTo('exit');
+      sandbox.log.info({ exitStatus: exit.status, reason: exit.reason }, 'sandbox exited');
+      sandbox.exit.resolve(exit);
+    })();
+    return sandbox.exiting;
+  }
+
+  /**
+   * A sandbox recorded as running whose process could not be found after a restart: kill
+   * whatever its supervisor's pid file still names, and record the exit as unknown (255).
+   */
+  async #exitUnknown(sandbox: Sandbox): Promise<void> {
+    await this.#backend.abandon(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'cannot check for a leftover process'));
+    await this.#recordExit(sandbox, {
+      status: UNKNOWN_EXIT_STATUS,
+      exitedAt: this.#clock(),
+      reason: 'exit status unknown: the sandbox process could not be found after a restart',
+    });
   }
 
   /** Platform of the host. */
@@ -305,6 +333,8 @@ export class Controller {
     await sandbox.queue.run(async () => {
       if (sandbox.state === 'created') {
         await this.#exitUnstarted(sandbox, 'stopped before it was started');
+      } else if (sandbox.state === 'running' && sandbox.running === undefined) {
+        await this.#exitUnknown(sandbox);
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info({ timeoutSeconds }, timeoutSeconds === 0 ? 'killing sandbox' : 'stopping sandbox');
         this.#backend.kill(sandbox.running, timeoutSeconds);
@@ -314,15 +344,23 @@ export class Controller {
     if (sandbox.state !== 'removed') await sandbox.exit.wait(signal);
   }
 
+  /** A sandbox that never ran is stopped: it counts as exited, status unknown (255). */
   async #exitUnstarted(sandbox: Sandbox, reason: string): Promise<void> {
-    sandbox.moveTo('stop-unstarted');
+    transition(sandbox.state, 'stop-unstarted');
     const exit: ExitInfo = { status: UNKNOWN_EXIT_STATUS, exitedAt: this.#clock(), reason };
-    await this.#persist(sandbox, { exit });
+    const before = sandbox.record;
+    try {
+      await this.#write(sandbox, { state: 'exited', exit });
+    } catch (err) {
+      sandbox.record = before;
+      throw err;
+    }
+    sandbox.moveTo('stop-unstarted');
     sandbox.exit.resolve(exit);
   }
 
   /** Blocks until the sandbox exits; the same answer every time. */
-  wait(namespace: string, id: string, signal: AbortSignal): Promise<ExitInfo> {
+  async wait(namespace: string, id: string, signal: AbortSignal): Promise<ExitInfo> {
     return this.#find(namespace, id).exit.wait(signal);
   }
 
@@ -374,12 +412,16 @@ export class Controller {
     if (sandbox === undefined) return;
     await sandbox.queue.run(async () => {
       if (sandbox.state === 'removed') return;
-      if (sandbox.state === 'running' && sandbox.running !== undefined) {
+      if (sandbox.state === 'running' && sandbox.running === undefined) {
+        await this.#exitUnknown(sandbox);
+      } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info('shutdown: killing running sandbox');
         this.#backend.kill(sandbox.running, 0);
         this.#crash('shutdown:after-kill');
         await sandbox.exit.wait(signal);
       } else if (sandbox.state === 'created') {
+        // A process a crashed Start left behind goes too.
+        await this.#backend.abandon(sandbox.spec);
         await this.#exitUnstarted(sandbox, 'shut down before it was started');
       }
       await this.#backend.release(sandbox.spec);
@@ -408,7 +450,7 @@ export class Controller {
       if (wants('labels')) changes.labels = { ...request.labels };
       if (wants('extensions')) changes.extensions = encodeExtensions(request.extensions);
       if (request.annotations !== undefined && wants('annotations')) changes.annotations = { ...request.annotations };
-      await this.#persist(sandbox, changes);
+      await this.#write(sandbox, changes);
       sandbox.log.info({ fields: Object.keys(changes) }, 'sandbox updated');
     });
   }
@@ -441,7 +483,7 @@ export class Controller {
       }
     };
     await Promise.all(Array.from({ length: Math.max(1, Math.min(concurrency, records.length)) }, worker));
-    for (const { namespace, id } of quarantined) await this.#dropQuarantined(namespace, id);
+    for (const q of quarantined) if (q.leftover) await this.#dropQuarantined(q.namespace, q.id);
     const seconds = Number(process.hrtime.bigint() - begin) / 1e9;
     return { recovered: this.#sandboxes.size, ...counts, quarantined: quarantined.length, seconds };
   }
@@ -466,16 +508,20 @@ export class Controller {
     this.#sandboxes.set(keyOf(namespace, id), sandbox);
     switch (record.state) {
       case 'created':
-        return 'created';
       case 'starting': {
-        // tsbox died inside Start, which therefore never answered: undo it.
-        await this.#backend.abandon(spec);
-        await this.#backend.release(spec);
+        // tsbox may have died inside a Start, which then never answered: undo it.
         sandbox.state = 'created';
-        const { startedAt: _s, pid: _p, backend: _b, ...rest } = record;
-        sandbox.record = { ...rest, state: 'created' };
-        await this.#store.save(sandbox.record);
-        log.info({ from: 'starting', to: 'created' }, 'recovered: start that never answered was undone');
+        try {
+          await this.#backend.abandon(spec);
+          await this.#backend.release(spec);
+        } catch (err) {
+          log.error({ err }, 'cannot check for a process left by an unanswered Start; Shutdown will try again');
+        }
+        if (record.state === 'starting') {
+          const { startedAt: _s, pid: _p, backend: _b, ...rest } = record;
+          sandbox.record = { ...rest, state: 'created' };
+          await this.#store.save(sandbox.record);
+        }
         return 'created';
       }
       case 'exited': {
@@ -484,7 +530,14 @@ export class Controller {
         return 'exited';
       }
       case 'running': {
-        const found = await this.#backend.recover(spec, record.backend);
+        let found;
+        try {
+          found = await this.#backend.recover(spec, record.backend);
+        } catch (err) {
+          // Stop and Shutdown record it as exited with 255 (SPEC.md section 6).
+          log.error({ err }, 'cannot confirm the running sandbox; it is reported running until stopped');
+          return 'running';
+        }
         if (found.kind === 'running') {
           this.#watch(sandbox, found.sandbox);
           log.info({ pid: found.sandbox.pid }, 'recovered: sandbox still running');

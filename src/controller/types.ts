@@ -102,10 +102,11 @@ export interface SandboxRecord {
 export interface LoadedRecords {
   readonly records: SandboxRecord[];
   /**
-   * Sandboxes whose record could not be read and was moved aside; their directories are
-   * left for the controller to clean up (their processes must not run without a record).
+   * Sandboxes whose record could not be read and was moved aside. When `leftover`, their
+   * directory stays for the controller to clean up: their processes must not run without
+   * a record.
    */
-  readonly quarantined: readonly { readonly namespace: string; readonly id: string }[];
+  readonly quarantined: readonly { readonly namespace: string; readonly id: string; readonly leftover: boolean }[];
 }
 
 /** Keeps records durable: a save has reached the disk when its promise resolves. */

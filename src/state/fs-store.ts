@@ -74,7 +74,7 @@ export class FsRecordStore implements RecordStore {
   async loadAll(): Promise<LoadedRecords> {
     await mkdir(this.#layout.sandboxes, { recursive: true, mode: 0o700 });
     const records: SandboxRecord[] = [];
-    const quarantined: { namespace: string; id: string }[] = [];
+    const quarantined: { namespace: string; id: string; leftover: boolean }[] = [];
     for (const namespace of await readdir(this.#layout.sandboxes)) {
       const nsDir = join(this.#layout.sandboxes, namespace);
       let ids: string[];
@@ -88,8 +88,9 @@ export class FsRecordStore implements RecordStore {
         const dir = join(nsDir, id);
         const result = await this.#read(dir, namespace, id);
         if (result.ok) records.push(result.record);
-        else if (await this.#quarantine(dir, namespace, id, result.reason)) {
-          quarantined.push({ namespace, id });
+        else {
+          const leftover = await this.#quarantine(dir, namespace, id, result.reason);
+          quarantined.push({ namespace, id, leftover });
         }
       }
     }
