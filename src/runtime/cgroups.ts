@@ -21,22 +21,29 @@ export interface CgroupManager {
   metrics(namespace: string, id: string): Promise<AnyValue>;
 }
 
-// The largest double below 2^64: cgroup v2's "max" (unlimited), which protobuf's uint64
-// cannot carry as a JS number otherwise.
-const UNLIMITED = 18446744073709549568;
+/** What a cgroup file's "max" (no limit) becomes: 0 in v1 stats, 2^64-1 in v2, as containerd/cgroups reports them. */
+type Unlimited = 0n | 18446744073709551615n;
+const V1_UNLIMITED: Unlimited = 0n;
+const V2_UNLIMITED: Unlimited = 18446744073709551615n;
 
-async function readNumber(path: string): Promise<number> {
-  const text = (await readFile(path, 'utf8')).trim();
-  if (text === 'max') return UNLIMITED;
-  const value = Number(text);
-  return Number.isFinite(value) ? value : 0;
+function toBigInt(text: string): bigint {
+  try {
+    return BigInt(text);
+  } catch {
+    return 0n;
+  }
 }
 
-async function readKeyed(path: string): Promise<Map<string, number>> {
-  const out = new Map<string, number>();
+async function readNumber(path: string, unlimited: Unlimited): Promise<bigint> {
+  const text = (await readFile(path, 'utf8')).trim();
+  return text === 'max' ? unlimited : toBigInt(text);
+}
+
+async function readKeyed(path: string): Promise<Map<string, bigint>> {
+  const out = new Map<string, bigint>();
   for (const line of (await readFile(path, 'utf8')).split('\n')) {
     const [key, value] = line.split(' ');
-    if (key && value !== undefined) out.set(key, Number(value));
+    if (key && value !== undefined) out.set(key, toBigInt(value));
   }
   return out;
 }
@@ -138,41 +145,42 @@ class CgroupV1 implements CgroupManager {
     const cpu = this.#dir('cpuacct', namespace, id);
     const pids = this.#hierarchies.has('pids') ? this.#dir('pids', namespace, id) : undefined;
     if (!existsSync(mem)) throw new TsboxError('NotFound', `sandbox ${id} has no cgroup (not running)`);
+    const number = (path: string): Promise<bigint> => optional(readNumber(path, V1_UNLIMITED), 0n);
     const stat = await readKeyed(join(mem, 'memory.stat'));
-    const s = (key: string): number => stat.get(key) ?? 0;
-    const entry = async (prefix: string): Promise<{ limit: number; usage: number; max: number; failcnt: number }> => ({
-      limit: await optional(readNumber(join(mem, `${prefix}.limit_in_bytes`)), 0),
-      usage: await optional(readNumber(join(mem, `${prefix}.usage_in_bytes`)), 0),
-      max: await optional(readNumber(join(mem, `${prefix}.max_usage_in_bytes`)), 0),
-      failcnt: await optional(readNumber(join(mem, `${prefix}.failcnt`)), 0),
+    const s = (key: string): bigint => stat.get(key) ?? 0n;
+    const entry = async (prefix: string): Promise<{ limit: bigint; usage: bigint; max: bigint; failcnt: bigint }> => ({
+      limit: await number(join(mem, `${prefix}.limit_in_bytes`)),
+      usage: await number(join(mem, `${prefix}.usage_in_bytes`)),
+      max: await number(join(mem, `${prefix}.max_usage_in_bytes`)),
+      failcnt: await number(join(mem, `${prefix}.failcnt`)),
     });
-    const cpuStat = await optional(readKeyed(join(cpu, 'cpuacct.stat')), new Map<string, number>());
-    const ticksToNs = 1e9 / 100; // USER_HZ
+    const cpuStat = await optional(readKeyed(join(cpu, 'cpuacct.stat')), new Map<string, bigint>());
+    const ticksToNs = 10_000_000n; // cpuacct.stat counts USER_HZ (100/s) ticks
     const perCpu = (await optional(readFile(join(cpu, 'cpuacct.usage_percpu'), 'utf8'), ''))
       .trim()
       .split(/\s+/)
       .filter((v) => v !== '')
-      .map(Number);
-    const throttle = await optional(readKeyed(join(this.#dir('cpu', namespace, id), 'cpu.stat')), new Map<string, number>());
+      .map(toBigInt);
+    const throttle = await optional(readKeyed(join(this.#dir('cpu', namespace, id), 'cpu.stat')), new Map<string, bigint>());
     const metrics = MetricsV1.fromPartial({
       pids:
         pids === undefined
           ? undefined
           : {
-              current: await optional(readNumber(join(pids, 'pids.current')), 0),
-              limit: await optional(readNumber(join(pids, 'pids.max')), 0),
+              current: await number(join(pids, 'pids.current')),
+              limit: await number(join(pids, 'pids.max')),
             },
       cpu: {
         usage: {
-          total: await optional(readNumber(join(cpu, 'cpuacct.usage')), 0),
-          user: (cpuStat.get('user') ?? 0) * ticksToNs,
-          kernel: (cpuStat.get('system') ?? 0) * ticksToNs,
+          total: await number(join(cpu, 'cpuacct.usage')),
+          user: (cpuStat.get('user') ?? 0n) * ticksToNs,
+          kernel: (cpuStat.get('system') ?? 0n) * ticksToNs,
           perCpu,
         },
         throttling: {
-          periods: throttle.get('nr_periods') ?? 0,
-          throttledPeriods: throttle.get('nr_throttled') ?? 0,
-          throttledTime: throttle.get('throttled_time') ?? 0,
+          periods: throttle.get('nr_periods') ?? 0n,
+          throttledPeriods: throttle.get('nr_throttled') ?? 0n,
+          throttledTime: throttle.get('throttled_time') ?? 0n,
         },
       },
       memory: {
@@ -255,30 +263,31 @@ class CgroupV2 implements CgroupManager {
   async metrics(namespace: string, id: string): Promise<AnyValue> {
     const dir = this.#dir(namespace, id);
     if (!existsSync(dir)) throw new TsboxError('NotFound', `sandbox ${id} has no cgroup (not running)`);
-    const cpu = await optional(readKeyed(join(dir, 'cpu.stat')), new Map<string, number>());
-    const memStat = await optional(readKeyed(join(dir, 'memory.stat')), new Map<string, number>());
-    const memory: Record<string, number> = {};
+    const number = (path: string): Promise<bigint> => optional(readNumber(path, V2_UNLIMITED), 0n);
+    const cpu = await optional(readKeyed(join(dir, 'cpu.stat')), new Map<string, bigint>());
+    const memStat = await optional(readKeyed(join(dir, 'memory.stat')), new Map<string, bigint>());
+    const memory: Record<string, bigint> = {};
     for (const [key, value] of memStat) memory[camel(key)] = value;
     const metrics = MetricsV2.fromPartial({
       pids: {
-        current: await optional(readNumber(join(dir, 'pids.current')), 0),
-        limit: await optional(readNumber(join(dir, 'pids.max')), 0),
+        current: await number(join(dir, 'pids.current')),
+        limit: await number(join(dir, 'pids.max')),
       },
       cpu: {
-        usageUsec: cpu.get('usage_usec') ?? 0,
-        userUsec: cpu.get('user_usec') ?? 0,
-        systemUsec: cpu.get('system_usec') ?? 0,
-        nrPeriods: cpu.get('nr_periods') ?? 0,
-        nrThrottled: cpu.get('nr_throttled') ?? 0,
-        throttledUsec: cpu.get('throttled_usec') ?? 0,
+        usageUsec: cpu.get('usage_usec') ?? 0n,
+        userUsec: cpu.get('user_usec') ?? 0n,
+        systemUsec: cpu.get('system_usec') ?? 0n,
+        nrPeriods: cpu.get('nr_periods') ?? 0n,
+        nrThrottled: cpu.get('nr_throttled') ?? 0n,
+        throttledUsec: cpu.get('throttled_usec') ?? 0n,
       },
       memory: {
         ...memory,
-        usage: await optional(readNumber(join(dir, 'memory.current')), 0),
-        usageLimit: await optional(readNumber(join(dir, 'memory.max')), 0),
-        maxUsage: await optional(readNumber(join(dir, 'memory.peak')), 0),
-        swapUsage: await optional(readNumber(join(dir, 'memory.swap.current')), 0),
-        swapLimit: await optional(readNumber(join(dir, 'memory.swap.max')), 0),
+        usage: await number(join(dir, 'memory.current')),
+        usageLimit: await number(join(dir, 'memory.max')),
+        maxUsage: await number(join(dir, 'memory.peak')),
+        swapUsage: await number(join(dir, 'memory.swap.current')),
+        swapLimit: await number(join(dir, 'memory.swap.max')),
       },
     });
     return { typeUrl: 'io.containerd.cgroups.v2.Metrics', value: MetricsV2.encode(metrics).finish() };

@@ -227,9 +227,10 @@ export class ProcessBackend implements RuntimeBackend {
     const key = `${spec.namespace}/${spec.id}`;
     const watched = new Watched(key, dir, handle, true);
     this.#watched.set(key, watched);
+    // The supervisor writes the exit file before it exits, so its exit is the moment to
+    // read it, also when the sandbox ended before its start time could be read.
     child.once('exit', () => void this.#collect(watched));
-    // The sandbox may have ended before its start time could be read.
-    if (shimStart === undefined || pidStart === undefined) void this.#collect(watched);
+    if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
     return watched;
   }
 

@@ -32,17 +32,17 @@ export interface Metrics {
 
 /** One huge page size's accounting. */
 export interface HugetlbStat {
-  usage: number;
-  max: number;
-  failcnt: number;
+  usage: bigint;
+  max: bigint;
+  failcnt: bigint;
   /** Page size label such as "2MB". */
   pagesize: string;
 }
 
 export interface PidsStat {
-  current: number;
+  current: bigint;
   /** 0 means unlimited. */
-  limit: number;
+  limit: bigint;
 }
 
 export interface CPUStat {
@@ -52,52 +52,52 @@ export interface CPUStat {
 
 /** CPU time in nanoseconds. */
 export interface CPUUsage {
-  total: number;
-  kernel: number;
-  user: number;
-  perCpu: number[];
+  total: bigint;
+  kernel: bigint;
+  user: bigint;
+  perCpu: bigint[];
 }
 
 export interface Throttle {
-  periods: number;
-  throttledPeriods: number;
-  throttledTime: number;
+  periods: bigint;
+  throttledPeriods: bigint;
+  throttledTime: bigint;
 }
 
 /** memory.stat of the cgroup; the total_* fields include descendants. */
 export interface MemoryStat {
-  cache: number;
-  rss: number;
-  rssHuge: number;
-  mappedFile: number;
-  dirty: number;
-  writeback: number;
-  pgPgIn: number;
-  pgPgOut: number;
-  pgFault: number;
-  pgMajFault: number;
-  inactiveAnon: number;
-  activeAnon: number;
-  inactiveFile: number;
-  activeFile: number;
-  unevictable: number;
-  hierarchicalMemoryLimit: number;
-  hierarchicalSwapLimit: number;
-  totalCache: number;
-  totalRss: number;
-  totalRssHuge: number;
-  totalMappedFile: number;
-  totalDirty: number;
-  totalWriteback: number;
-  totalPgPgIn: number;
-  totalPgPgOut: number;
-  totalPgFault: number;
-  totalPgMajFault: number;
-  totalInactiveAnon: number;
-  totalActiveAnon: number;
-  totalInactiveFile: number;
-  totalActiveFile: number;
-  totalUnevictable: number;
+  cache: bigint;
+  rss: bigint;
+  rssHuge: bigint;
+  mappedFile: bigint;
+  dirty: bigint;
+  writeback: bigint;
+  pgPgIn: bigint;
+  pgPgOut: bigint;
+  pgFault: bigint;
+  pgMajFault: bigint;
+  inactiveAnon: bigint;
+  activeAnon: bigint;
+  inactiveFile: bigint;
+  activeFile: bigint;
+  unevictable: bigint;
+  hierarchicalMemoryLimit: bigint;
+  hierarchicalSwapLimit: bigint;
+  totalCache: bigint;
+  totalRss: bigint;
+  totalRssHuge: bigint;
+  totalMappedFile: bigint;
+  totalDirty: bigint;
+  totalWriteback: bigint;
+  totalPgPgIn: bigint;
+  totalPgPgOut: bigint;
+  totalPgFault: bigint;
+  totalPgMajFault: bigint;
+  totalInactiveAnon: bigint;
+  totalActiveAnon: bigint;
+  totalInactiveFile: bigint;
+  totalActiveFile: bigint;
+  totalUnevictable: bigint;
   usage: MemoryEntry | undefined;
   swap: MemoryEntry | undefined;
   kernel: MemoryEntry | undefined;
@@ -106,16 +106,16 @@ export interface MemoryStat {
 
 /** One memory counter family (memory.*, memsw.*, kmem.*, kmem.tcp.*). */
 export interface MemoryEntry {
-  limit: number;
-  usage: number;
-  max: number;
-  failcnt: number;
+  limit: bigint;
+  usage: bigint;
+  max: bigint;
+  failcnt: bigint;
 }
 
 export interface MemoryOomControl {
-  oomKillDisable: number;
-  underOom: number;
-  oomKill: number;
+  oomKillDisable: bigint;
+  underOom: bigint;
+  oomKill: bigint;
 }
 
 /** Block I/O counters, one list per blkio.*_recursive file. */
@@ -134,9 +134,9 @@ export interface BlkIOEntry {
   /** Operation such as "Read", "Write" or "Total"; empty for per-device totals. */
   op: string;
   device: string;
-  major: number;
-  minor: number;
-  value: number;
+  major: bigint;
+  minor: bigint;
+  value: bigint;
 }
 
 export interface RdmaStat {
@@ -153,23 +153,23 @@ export interface RdmaEntry {
 /** Counters of one network interface. */
 export interface NetworkStat {
   name: string;
-  rxBytes: number;
-  rxPackets: number;
-  rxErrors: number;
-  rxDropped: number;
-  txBytes: number;
-  txPackets: number;
-  txErrors: number;
-  txDropped: number;
+  rxBytes: bigint;
+  rxPackets: bigint;
+  rxErrors: bigint;
+  rxDropped: bigint;
+  txBytes: bigint;
+  txPackets: bigint;
+  txErrors: bigint;
+  txDropped: bigint;
 }
 
 /** Task counts by scheduler state. */
 export interface CgroupStats {
-  nrSleeping: number;
-  nrRunning: number;
-  nrStopped: number;
-  nrUninterruptible: number;
-  nrIoWait: number;
+  nrSleeping: bigint;
+  nrRunning: bigint;
+  nrStopped: bigint;
+  nrUninterruptible: bigint;
+  nrIoWait: bigint;
 }
 
 function createBaseMetrics(): Metrics {
@@ -342,18 +342,27 @@ export const Metrics: MessageFns<Metrics> = {
 };
 
 function createBaseHugetlbStat(): HugetlbStat {
-  return { usage: 0, max: 0, failcnt: 0, pagesize: "" };
+  return { usage: 0n, max: 0n, failcnt: 0n, pagesize: "" };
 }
 
 export const HugetlbStat: MessageFns<HugetlbStat> = {
   encode(message: HugetlbStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.usage !== 0) {
+    if (message.usage !== 0n) {
+      if (BigInt.asUintN(64, message.usage) !== message.usage) {
+        throw new globalThis.Error("value provided for field message.usage of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.usage);
     }
-    if (message.max !== 0) {
+    if (message.max !== 0n) {
+      if (BigInt.asUintN(64, message.max) !== message.max) {
+        throw new globalThis.Error("value provided for field message.max of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.max);
     }
-    if (message.failcnt !== 0) {
+    if (message.failcnt !== 0n) {
+      if (BigInt.asUintN(64, message.failcnt) !== message.failcnt) {
+        throw new globalThis.Error("value provided for field message.failcnt of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.failcnt);
     }
     if (message.pagesize !== "") {
@@ -380,7 +389,7 @@ export const HugetlbStat: MessageFns<HugetlbStat> = {
               break;
             }
 
-            message.usage = longToNumber(reader.uint64());
+            message.usage = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -388,7 +397,7 @@ export const HugetlbStat: MessageFns<HugetlbStat> = {
               break;
             }
 
-            message.max = longToNumber(reader.uint64());
+            message.max = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -396,7 +405,7 @@ export const HugetlbStat: MessageFns<HugetlbStat> = {
               break;
             }
 
-            message.failcnt = longToNumber(reader.uint64());
+            message.failcnt = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -424,24 +433,30 @@ export const HugetlbStat: MessageFns<HugetlbStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<HugetlbStat>, I>>(object: I): HugetlbStat {
     const message = createBaseHugetlbStat();
-    message.usage = object.usage ?? 0;
-    message.max = object.max ?? 0;
-    message.failcnt = object.failcnt ?? 0;
+    message.usage = (object.usage !== undefined && object.usage !== null) ? BigInt(object.usage) : 0n;
+    message.max = (object.max !== undefined && object.max !== null) ? BigInt(object.max) : 0n;
+    message.failcnt = (object.failcnt !== undefined && object.failcnt !== null) ? BigInt(object.failcnt) : 0n;
     message.pagesize = object.pagesize ?? "";
     return message;
   },
 };
 
 function createBasePidsStat(): PidsStat {
-  return { current: 0, limit: 0 };
+  return { current: 0n, limit: 0n };
 }
 
 export const PidsStat: MessageFns<PidsStat> = {
   encode(message: PidsStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.current !== 0) {
+    if (message.current !== 0n) {
+      if (BigInt.asUintN(64, message.current) !== message.current) {
+        throw new globalThis.Error("value provided for field message.current of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.current);
     }
-    if (message.limit !== 0) {
+    if (message.limit !== 0n) {
+      if (BigInt.asUintN(64, message.limit) !== message.limit) {
+        throw new globalThis.Error("value provided for field message.limit of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.limit);
     }
     return writer;
@@ -465,7 +480,7 @@ export const PidsStat: MessageFns<PidsStat> = {
               break;
             }
 
-            message.current = longToNumber(reader.uint64());
+            message.current = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -473,7 +488,7 @@ export const PidsStat: MessageFns<PidsStat> = {
               break;
             }
 
-            message.limit = longToNumber(reader.uint64());
+            message.limit = reader.uint64() as bigint;
             continue;
           }
         }
@@ -493,8 +508,8 @@ export const PidsStat: MessageFns<PidsStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<PidsStat>, I>>(object: I): PidsStat {
     const message = createBasePidsStat();
-    message.current = object.current ?? 0;
-    message.limit = object.limit ?? 0;
+    message.current = (object.current !== undefined && object.current !== null) ? BigInt(object.current) : 0n;
+    message.limit = (object.limit !== undefined && object.limit !== null) ? BigInt(object.limit) : 0n;
     return message;
   },
 };
@@ -571,23 +586,35 @@ export const CPUStat: MessageFns<CPUStat> = {
 };
 
 function createBaseCPUUsage(): CPUUsage {
-  return { total: 0, kernel: 0, user: 0, perCpu: [] };
+  return { total: 0n, kernel: 0n, user: 0n, perCpu: [] };
 }
 
 export const CPUUsage: MessageFns<CPUUsage> = {
   encode(message: CPUUsage, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.total !== 0) {
+    if (message.total !== 0n) {
+      if (BigInt.asUintN(64, message.total) !== message.total) {
+        throw new globalThis.Error("value provided for field message.total of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.total);
     }
-    if (message.kernel !== 0) {
+    if (message.kernel !== 0n) {
+      if (BigInt.asUintN(64, message.kernel) !== message.kernel) {
+        throw new globalThis.Error("value provided for field message.kernel of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.kernel);
     }
-    if (message.user !== 0) {
+    if (message.user !== 0n) {
+      if (BigInt.asUintN(64, message.user) !== message.user) {
+        throw new globalThis.Error("value provided for field message.user of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.user);
     }
     if (message.perCpu.length !== 0) {
       writer.uint32(34).fork();
       for (const v of message.perCpu) {
+        if (BigInt.asUintN(64, v) !== v) {
+          throw new globalThis.Error("a value provided in array field perCpu of type uint64 is too large");
+        }
         writer.uint64(v);
       }
       writer.join();
@@ -613,7 +640,7 @@ export const CPUUsage: MessageFns<CPUUsage> = {
               break;
             }
 
-            message.total = longToNumber(reader.uint64());
+            message.total = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -621,7 +648,7 @@ export const CPUUsage: MessageFns<CPUUsage> = {
               break;
             }
 
-            message.kernel = longToNumber(reader.uint64());
+            message.kernel = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -629,12 +656,12 @@ export const CPUUsage: MessageFns<CPUUsage> = {
               break;
             }
 
-            message.user = longToNumber(reader.uint64());
+            message.user = reader.uint64() as bigint;
             continue;
           }
           case 4: {
             if (tag === 32) {
-              message.perCpu.push(longToNumber(reader.uint64()));
+              message.perCpu.push(reader.uint64() as bigint);
 
               continue;
             }
@@ -642,7 +669,7 @@ export const CPUUsage: MessageFns<CPUUsage> = {
             if (tag === 34) {
               const end2 = reader.uint32() + reader.pos;
               while (reader.pos < end2) {
-                message.perCpu.push(longToNumber(reader.uint64()));
+                message.perCpu.push(reader.uint64() as bigint);
               }
 
               continue;
@@ -667,27 +694,36 @@ export const CPUUsage: MessageFns<CPUUsage> = {
   },
   fromPartial<I extends Exact<DeepPartial<CPUUsage>, I>>(object: I): CPUUsage {
     const message = createBaseCPUUsage();
-    message.total = object.total ?? 0;
-    message.kernel = object.kernel ?? 0;
-    message.user = object.user ?? 0;
-    message.perCpu = object.perCpu?.map((e) => e) || [];
+    message.total = (object.total !== undefined && object.total !== null) ? BigInt(object.total) : 0n;
+    message.kernel = (object.kernel !== undefined && object.kernel !== null) ? BigInt(object.kernel) : 0n;
+    message.user = (object.user !== undefined && object.user !== null) ? BigInt(object.user) : 0n;
+    message.perCpu = object.perCpu?.map((e) => BigInt(e)) || [];
     return message;
   },
 };
 
 function createBaseThrottle(): Throttle {
-  return { periods: 0, throttledPeriods: 0, throttledTime: 0 };
+  return { periods: 0n, throttledPeriods: 0n, throttledTime: 0n };
 }
 
 export const Throttle: MessageFns<Throttle> = {
   encode(message: Throttle, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.periods !== 0) {
+    if (message.periods !== 0n) {
+      if (BigInt.asUintN(64, message.periods) !== message.periods) {
+        throw new globalThis.Error("value provided for field message.periods of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.periods);
     }
-    if (message.throttledPeriods !== 0) {
+    if (message.throttledPeriods !== 0n) {
+      if (BigInt.asUintN(64, message.throttledPeriods) !== message.throttledPeriods) {
+        throw new globalThis.Error("value provided for field message.throttledPeriods of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.throttledPeriods);
     }
-    if (message.throttledTime !== 0) {
+    if (message.throttledTime !== 0n) {
+      if (BigInt.asUintN(64, message.throttledTime) !== message.throttledTime) {
+        throw new globalThis.Error("value provided for field message.throttledTime of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.throttledTime);
     }
     return writer;
@@ -711,7 +747,7 @@ export const Throttle: MessageFns<Throttle> = {
               break;
             }
 
-            message.periods = longToNumber(reader.uint64());
+            message.periods = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -719,7 +755,7 @@ export const Throttle: MessageFns<Throttle> = {
               break;
             }
 
-            message.throttledPeriods = longToNumber(reader.uint64());
+            message.throttledPeriods = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -727,7 +763,7 @@ export const Throttle: MessageFns<Throttle> = {
               break;
             }
 
-            message.throttledTime = longToNumber(reader.uint64());
+            message.throttledTime = reader.uint64() as bigint;
             continue;
           }
         }
@@ -747,47 +783,51 @@ export const Throttle: MessageFns<Throttle> = {
   },
   fromPartial<I extends Exact<DeepPartial<Throttle>, I>>(object: I): Throttle {
     const message = createBaseThrottle();
-    message.periods = object.periods ?? 0;
-    message.throttledPeriods = object.throttledPeriods ?? 0;
-    message.throttledTime = object.throttledTime ?? 0;
+    message.periods = (object.periods !== undefined && object.periods !== null) ? BigInt(object.periods) : 0n;
+    message.throttledPeriods = (object.throttledPeriods !== undefined && object.throttledPeriods !== null)
+      ? BigInt(object.throttledPeriods)
+      : 0n;
+    message.throttledTime = (object.throttledTime !== undefined && object.throttledTime !== null)
+      ? BigInt(object.throttledTime)
+      : 0n;
     return message;
   },
 };
 
 function createBaseMemoryStat(): MemoryStat {
   return {
-    cache: 0,
-    rss: 0,
-    rssHuge: 0,
-    mappedFile: 0,
-    dirty: 0,
-    writeback: 0,
-    pgPgIn: 0,
-    pgPgOut: 0,
-    pgFault: 0,
-    pgMajFault: 0,
-    inactiveAnon: 0,
-    activeAnon: 0,
-    inactiveFile: 0,
-    activeFile: 0,
-    unevictable: 0,
-    hierarchicalMemoryLimit: 0,
-    hierarchicalSwapLimit: 0,
-    totalCache: 0,
-    totalRss: 0,
-    totalRssHuge: 0,
-    totalMappedFile: 0,
-    totalDirty: 0,
-    totalWriteback: 0,
-    totalPgPgIn: 0,
-    totalPgPgOut: 0,
-    totalPgFault: 0,
-    totalPgMajFault: 0,
-    totalInactiveAnon: 0,
-    totalActiveAnon: 0,
-    totalInactiveFile: 0,
-    totalActiveFile: 0,
-    totalUnevictable: 0,
+    cache: 0n,
+    rss: 0n,
+    rssHuge: 0n,
+    mappedFile: 0n,
+    dirty: 0n,
+    writeback: 0n,
+    pgPgIn: 0n,
+    pgPgOut: 0n,
+    pgFault: 0n,
+    pgMajFault: 0n,
+    inactiveAnon: 0n,
+    activeAnon: 0n,
+    inactiveFile: 0n,
+    activeFile: 0n,
+    unevictable: 0n,
+    hierarchicalMemoryLimit: 0n,
+    hierarchicalSwapLimit: 0n,
+    totalCache: 0n,
+    totalRss: 0n,
+    totalRssHuge: 0n,
+    totalMappedFile: 0n,
+    totalDirty: 0n,
+    totalWriteback: 0n,
+    totalPgPgIn: 0n,
+    totalPgPgOut: 0n,
+    totalPgFault: 0n,
+    totalPgMajFault: 0n,
+    totalInactiveAnon: 0n,
+    totalActiveAnon: 0n,
+    totalInactiveFile: 0n,
+    totalActiveFile: 0n,
+    totalUnevictable: 0n,
     usage: undefined,
     swap: undefined,
     kernel: undefined,
@@ -797,100 +837,196 @@ function createBaseMemoryStat(): MemoryStat {
 
 export const MemoryStat: MessageFns<MemoryStat> = {
   encode(message: MemoryStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.cache !== 0) {
+    if (message.cache !== 0n) {
+      if (BigInt.asUintN(64, message.cache) !== message.cache) {
+        throw new globalThis.Error("value provided for field message.cache of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.cache);
     }
-    if (message.rss !== 0) {
+    if (message.rss !== 0n) {
+      if (BigInt.asUintN(64, message.rss) !== message.rss) {
+        throw new globalThis.Error("value provided for field message.rss of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.rss);
     }
-    if (message.rssHuge !== 0) {
+    if (message.rssHuge !== 0n) {
+      if (BigInt.asUintN(64, message.rssHuge) !== message.rssHuge) {
+        throw new globalThis.Error("value provided for field message.rssHuge of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.rssHuge);
     }
-    if (message.mappedFile !== 0) {
+    if (message.mappedFile !== 0n) {
+      if (BigInt.asUintN(64, message.mappedFile) !== message.mappedFile) {
+        throw new globalThis.Error("value provided for field message.mappedFile of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.mappedFile);
     }
-    if (message.dirty !== 0) {
+    if (message.dirty !== 0n) {
+      if (BigInt.asUintN(64, message.dirty) !== message.dirty) {
+        throw new globalThis.Error("value provided for field message.dirty of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.dirty);
     }
-    if (message.writeback !== 0) {
+    if (message.writeback !== 0n) {
+      if (BigInt.asUintN(64, message.writeback) !== message.writeback) {
+        throw new globalThis.Error("value provided for field message.writeback of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.writeback);
     }
-    if (message.pgPgIn !== 0) {
+    if (message.pgPgIn !== 0n) {
+      if (BigInt.asUintN(64, message.pgPgIn) !== message.pgPgIn) {
+        throw new globalThis.Error("value provided for field message.pgPgIn of type uint64 too large");
+      }
       writer.uint32(56).uint64(message.pgPgIn);
     }
-    if (message.pgPgOut !== 0) {
+    if (message.pgPgOut !== 0n) {
+      if (BigInt.asUintN(64, message.pgPgOut) !== message.pgPgOut) {
+        throw new globalThis.Error("value provided for field message.pgPgOut of type uint64 too large");
+      }
       writer.uint32(64).uint64(message.pgPgOut);
     }
-    if (message.pgFault !== 0) {
+    if (message.pgFault !== 0n) {
+      if (BigInt.asUintN(64, message.pgFault) !== message.pgFault) {
+        throw new globalThis.Error("value provided for field message.pgFault of type uint64 too large");
+      }
       writer.uint32(72).uint64(message.pgFault);
     }
-    if (message.pgMajFault !== 0) {
+    if (message.pgMajFault !== 0n) {
+      if (BigInt.asUintN(64, message.pgMajFault) !== message.pgMajFault) {
+        throw new globalThis.Error("value provided for field message.pgMajFault of type uint64 too large");
+      }
       writer.uint32(80).uint64(message.pgMajFault);
     }
-    if (message.inactiveAnon !== 0) {
+    if (message.inactiveAnon !== 0n) {
+      if (BigInt.asUintN(64, message.inactiveAnon) !== message.inactiveAnon) {
+        throw new globalThis.Error("value provided for field message.inactiveAnon of type uint64 too large");
+      }
       writer.uint32(88).uint64(message.inactiveAnon);
     }
-    if (message.activeAnon !== 0) {
+    if (message.activeAnon !== 0n) {
+      if (BigInt.asUintN(64, message.activeAnon) !== message.activeAnon) {
+        throw new globalThis.Error("value provided for field message.activeAnon of type uint64 too large");
+      }
       writer.uint32(96).uint64(message.activeAnon);
     }
-    if (message.inactiveFile !== 0) {
+    if (message.inactiveFile !== 0n) {
+      if (BigInt.asUintN(64, message.inactiveFile) !== message.inactiveFile) {
+        throw new globalThis.Error("value provided for field message.inactiveFile of type uint64 too large");
+      }
       writer.uint32(104).uint64(message.inactiveFile);
     }
-    if (message.activeFile !== 0) {
+    if (message.activeFile !== 0n) {
+      if (BigInt.asUintN(64, message.activeFile) !== message.activeFile) {
+        throw new globalThis.Error("value provided for field message.activeFile of type uint64 too large");
+      }
       writer.uint32(112).uint64(message.activeFile);
     }
-    if (message.unevictable !== 0) {
+    if (message.unevictable !== 0n) {
+      if (BigInt.asUintN(64, message.unevictable) !== message.unevictable) {
+        throw new globalThis.Error("value provided for field message.unevictable of type uint64 too large");
+      }
       writer.uint32(120).uint64(message.unevictable);
     }
-    if (message.hierarchicalMemoryLimit !== 0) {
+    if (message.hierarchicalMemoryLimit !== 0n) {
+      if (BigInt.asUintN(64, message.hierarchicalMemoryLimit) !== message.hierarchicalMemoryLimit) {
+        throw new globalThis.Error("value provided for field message.hierarchicalMemoryLimit of type uint64 too large");
+      }
       writer.uint32(128).uint64(message.hierarchicalMemoryLimit);
     }
-    if (message.hierarchicalSwapLimit !== 0) {
+    if (message.hierarchicalSwapLimit !== 0n) {
+      if (BigInt.asUintN(64, message.hierarchicalSwapLimit) !== message.hierarchicalSwapLimit) {
+        throw new globalThis.Error("value provided for field message.hierarchicalSwapLimit of type uint64 too large");
+      }
       writer.uint32(136).uint64(message.hierarchicalSwapLimit);
     }
-    if (message.totalCache !== 0) {
+    if (message.totalCache !== 0n) {
+      if (BigInt.asUintN(64, message.totalCache) !== message.totalCache) {
+        throw new globalThis.Error("value provided for field message.totalCache of type uint64 too large");
+      }
       writer.uint32(144).uint64(message.totalCache);
     }
-    if (message.totalRss !== 0) {
+    if (message.totalRss !== 0n) {
+      if (BigInt.asUintN(64, message.totalRss) !== message.totalRss) {
+        throw new globalThis.Error("value provided for field message.totalRss of type uint64 too large");
+      }
       writer.uint32(152).uint64(message.totalRss);
     }
-    if (message.totalRssHuge !== 0) {
+    if (message.totalRssHuge !== 0n) {
+      if (BigInt.asUintN(64, message.totalRssHuge) !== message.totalRssHuge) {
+        throw new globalThis.Error("value provided for field message.totalRssHuge of type uint64 too large");
+      }
       writer.uint32(160).uint64(message.totalRssHuge);
     }
-    if (message.totalMappedFile !== 0) {
+    if (message.totalMappedFile !== 0n) {
+      if (BigInt.asUintN(64, message.totalMappedFile) !== message.totalMappedFile) {
+        throw new globalThis.Error("value provided for field message.totalMappedFile of type uint64 too large");
+      }
       writer.uint32(168).uint64(message.totalMappedFile);
     }
-    if (message.totalDirty !== 0) {
+    if (message.totalDirty !== 0n) {
+      if (BigInt.asUintN(64, message.totalDirty) !== message.totalDirty) {
+        throw new globalThis.Error("value provided for field message.totalDirty of type uint64 too large");
+      }
       writer.uint32(176).uint64(message.totalDirty);
     }
-    if (message.totalWriteback !== 0) {
+    if (message.totalWriteback !== 0n) {
+      if (BigInt.asUintN(64, message.totalWriteback) !== message.totalWriteback) {
+        throw new globalThis.Error("value provided for field message.totalWriteback of type uint64 too large");
+      }
       writer.uint32(184).uint64(message.totalWriteback);
     }
-    if (message.totalPgPgIn !== 0) {
+    if (message.totalPgPgIn !== 0n) {
+      if (BigInt.asUintN(64, message.totalPgPgIn) !== message.totalPgPgIn) {
+        throw new globalThis.Error("value provided for field message.totalPgPgIn of type uint64 too large");
+      }
       writer.uint32(192).uint64(message.totalPgPgIn);
     }
-    if (message.totalPgPgOut !== 0) {
+    if (message.totalPgPgOut !== 0n) {
+      if (BigInt.asUintN(64, message.totalPgPgOut) !== message.totalPgPgOut) {
+        throw new globalThis.Error("value provided for field message.totalPgPgOut of type uint64 too large");
+      }
       writer.uint32(200).uint64(message.totalPgPgOut);
     }
-    if (message.totalPgFault !== 0) {
+    if (message.totalPgFault !== 0n) {
+      if (BigInt.asUintN(64, message.totalPgFault) !== message.totalPgFault) {
+        throw new globalThis.Error("value provided for field message.totalPgFault of type uint64 too large");
+      }
       writer.uint32(208).uint64(message.totalPgFault);
     }
-    if (message.totalPgMajFault !== 0) {
+    if (message.totalPgMajFault !== 0n) {
+      if (BigInt.asUintN(64, message.totalPgMajFault) !== message.totalPgMajFault) {
+        throw new globalThis.Error("value provided for field message.totalPgMajFault of type uint64 too large");
+      }
       writer.uint32(216).uint64(message.totalPgMajFault);
     }
-    if (message.totalInactiveAnon !== 0) {
+    if (message.totalInactiveAnon !== 0n) {
+      if (BigInt.asUintN(64, message.totalInactiveAnon) !== message.totalInactiveAnon) {
+        throw new globalThis.Error("value provided for field message.totalInactiveAnon of type uint64 too large");
+      }
       writer.uint32(224).uint64(message.totalInactiveAnon);
     }
-    if (message.totalActiveAnon !== 0) {
+    if (message.totalActiveAnon !== 0n) {
+      if (BigInt.asUintN(64, message.totalActiveAnon) !== message.totalActiveAnon) {
+        throw new globalThis.Error("value provided for field message.totalActiveAnon of type uint64 too large");
+      }
       writer.uint32(232).uint64(message.totalActiveAnon);
     }
-    if (message.totalInactiveFile !== 0) {
+    if (message.totalInactiveFile !== 0n) {
+      if (BigInt.asUintN(64, message.totalInactiveFile) !== message.totalInactiveFile) {
+        throw new globalThis.Error("value provided for field message.totalInactiveFile of type uint64 too large");
+      }
       writer.uint32(240).uint64(message.totalInactiveFile);
     }
-    if (message.totalActiveFile !== 0) {
+    if (message.totalActiveFile !== 0n) {
+      if (BigInt.asUintN(64, message.totalActiveFile) !== message.totalActiveFile) {
+        throw new globalThis.Error("value provided for field message.totalActiveFile of type uint64 too large");
+      }
       writer.uint32(248).uint64(message.totalActiveFile);
     }
-    if (message.totalUnevictable !== 0) {
+    if (message.totalUnevictable !== 0n) {
+      if (BigInt.asUintN(64, message.totalUnevictable) !== message.totalUnevictable) {
+        throw new globalThis.Error("value provided for field message.totalUnevictable of type uint64 too large");
+      }
       writer.uint32(256).uint64(message.totalUnevictable);
     }
     if (message.usage !== undefined) {
@@ -926,7 +1062,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.cache = longToNumber(reader.uint64());
+            message.cache = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -934,7 +1070,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.rss = longToNumber(reader.uint64());
+            message.rss = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -942,7 +1078,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.rssHuge = longToNumber(reader.uint64());
+            message.rssHuge = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -950,7 +1086,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.mappedFile = longToNumber(reader.uint64());
+            message.mappedFile = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -958,7 +1094,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.dirty = longToNumber(reader.uint64());
+            message.dirty = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -966,7 +1102,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.writeback = longToNumber(reader.uint64());
+            message.writeback = reader.uint64() as bigint;
             continue;
           }
           case 7: {
@@ -974,7 +1110,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgPgIn = longToNumber(reader.uint64());
+            message.pgPgIn = reader.uint64() as bigint;
             continue;
           }
           case 8: {
@@ -982,7 +1118,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgPgOut = longToNumber(reader.uint64());
+            message.pgPgOut = reader.uint64() as bigint;
             continue;
           }
           case 9: {
@@ -990,7 +1126,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgFault = longToNumber(reader.uint64());
+            message.pgFault = reader.uint64() as bigint;
             continue;
           }
           case 10: {
@@ -998,7 +1134,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgMajFault = longToNumber(reader.uint64());
+            message.pgMajFault = reader.uint64() as bigint;
             continue;
           }
           case 11: {
@@ -1006,7 +1142,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.inactiveAnon = longToNumber(reader.uint64());
+            message.inactiveAnon = reader.uint64() as bigint;
             continue;
           }
           case 12: {
@@ -1014,7 +1150,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.activeAnon = longToNumber(reader.uint64());
+            message.activeAnon = reader.uint64() as bigint;
             continue;
           }
           case 13: {
@@ -1022,7 +1158,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.inactiveFile = longToNumber(reader.uint64());
+            message.inactiveFile = reader.uint64() as bigint;
             continue;
           }
           case 14: {
@@ -1030,7 +1166,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.activeFile = longToNumber(reader.uint64());
+            message.activeFile = reader.uint64() as bigint;
             continue;
           }
           case 15: {
@@ -1038,7 +1174,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.unevictable = longToNumber(reader.uint64());
+            message.unevictable = reader.uint64() as bigint;
             continue;
           }
           case 16: {
@@ -1046,7 +1182,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.hierarchicalMemoryLimit = longToNumber(reader.uint64());
+            message.hierarchicalMemoryLimit = reader.uint64() as bigint;
             continue;
           }
           case 17: {
@@ -1054,7 +1190,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.hierarchicalSwapLimit = longToNumber(reader.uint64());
+            message.hierarchicalSwapLimit = reader.uint64() as bigint;
             continue;
           }
           case 18: {
@@ -1062,7 +1198,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalCache = longToNumber(reader.uint64());
+            message.totalCache = reader.uint64() as bigint;
             continue;
           }
           case 19: {
@@ -1070,7 +1206,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalRss = longToNumber(reader.uint64());
+            message.totalRss = reader.uint64() as bigint;
             continue;
           }
           case 20: {
@@ -1078,7 +1214,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalRssHuge = longToNumber(reader.uint64());
+            message.totalRssHuge = reader.uint64() as bigint;
             continue;
           }
           case 21: {
@@ -1086,7 +1222,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalMappedFile = longToNumber(reader.uint64());
+            message.totalMappedFile = reader.uint64() as bigint;
             continue;
           }
           case 22: {
@@ -1094,7 +1230,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalDirty = longToNumber(reader.uint64());
+            message.totalDirty = reader.uint64() as bigint;
             continue;
           }
           case 23: {
@@ -1102,7 +1238,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalWriteback = longToNumber(reader.uint64());
+            message.totalWriteback = reader.uint64() as bigint;
             continue;
           }
           case 24: {
@@ -1110,7 +1246,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalPgPgIn = longToNumber(reader.uint64());
+            message.totalPgPgIn = reader.uint64() as bigint;
             continue;
           }
           case 25: {
@@ -1118,7 +1254,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalPgPgOut = longToNumber(reader.uint64());
+            message.totalPgPgOut = reader.uint64() as bigint;
             continue;
           }
           case 26: {
@@ -1126,7 +1262,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalPgFault = longToNumber(reader.uint64());
+            message.totalPgFault = reader.uint64() as bigint;
             continue;
           }
           case 27: {
@@ -1134,7 +1270,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalPgMajFault = longToNumber(reader.uint64());
+            message.totalPgMajFault = reader.uint64() as bigint;
             continue;
           }
           case 28: {
@@ -1142,7 +1278,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalInactiveAnon = longToNumber(reader.uint64());
+            message.totalInactiveAnon = reader.uint64() as bigint;
             continue;
           }
           case 29: {
@@ -1150,7 +1286,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalActiveAnon = longToNumber(reader.uint64());
+            message.totalActiveAnon = reader.uint64() as bigint;
             continue;
           }
           case 30: {
@@ -1158,7 +1294,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalInactiveFile = longToNumber(reader.uint64());
+            message.totalInactiveFile = reader.uint64() as bigint;
             continue;
           }
           case 31: {
@@ -1166,7 +1302,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalActiveFile = longToNumber(reader.uint64());
+            message.totalActiveFile = reader.uint64() as bigint;
             continue;
           }
           case 32: {
@@ -1174,7 +1310,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.totalUnevictable = longToNumber(reader.uint64());
+            message.totalUnevictable = reader.uint64() as bigint;
             continue;
           }
           case 33: {
@@ -1226,38 +1362,86 @@ export const MemoryStat: MessageFns<MemoryStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<MemoryStat>, I>>(object: I): MemoryStat {
     const message = createBaseMemoryStat();
-    message.cache = object.cache ?? 0;
-    message.rss = object.rss ?? 0;
-    message.rssHuge = object.rssHuge ?? 0;
-    message.mappedFile = object.mappedFile ?? 0;
-    message.dirty = object.dirty ?? 0;
-    message.writeback = object.writeback ?? 0;
-    message.pgPgIn = object.pgPgIn ?? 0;
-    message.pgPgOut = object.pgPgOut ?? 0;
-    message.pgFault = object.pgFault ?? 0;
-    message.pgMajFault = object.pgMajFault ?? 0;
-    message.inactiveAnon = object.inactiveAnon ?? 0;
-    message.activeAnon = object.activeAnon ?? 0;
-    message.inactiveFile = object.inactiveFile ?? 0;
-    message.activeFile = object.activeFile ?? 0;
-    message.unevictable = object.unevictable ?? 0;
-    message.hierarchicalMemoryLimit = object.hierarchicalMemoryLimit ?? 0;
-    message.hierarchicalSwapLimit = object.hierarchicalSwapLimit ?? 0;
-    message.totalCache = object.totalCache ?? 0;
-    message.totalRss = object.totalRss ?? 0;
-    message.totalRssHuge = object.totalRssHuge ?? 0;
-    message.totalMappedFile = object.totalMappedFile ?? 0;
-    message.totalDirty = object.totalDirty ?? 0;
-    message.totalWriteback = object.totalWriteback ?? 0;
-    message.totalPgPgIn = object.totalPgPgIn ?? 0;
-    message.totalPgPgOut = object.totalPgPgOut ?? 0;
-    message.totalPgFault = object.totalPgFault ?? 0;
-    message.totalPgMajFault = object.totalPgMajFault ?? 0;
-    message.totalInactiveAnon = object.totalInactiveAnon ?? 0;
-    message.totalActiveAnon = object.totalActiveAnon ?? 0;
-    message.totalInactiveFile = object.totalInactiveFile ?? 0;
-    message.totalActiveFile = object.totalActiveFile ?? 0;
-    message.totalUnevictable = object.totalUnevictable ?? 0;
+    message.cache = (object.cache !== undefined && object.cache !== null) ? BigInt(object.cache) : 0n;
+    message.rss = (object.rss !== undefined && object.rss !== null) ? BigInt(object.rss) : 0n;
+    message.rssHuge = (object.rssHuge !== undefined && object.rssHuge !== null) ? BigInt(object.rssHuge) : 0n;
+    message.mappedFile = (object.mappedFile !== undefined && object.mappedFile !== null)
+      ? BigInt(object.mappedFile)
+      : 0n;
+    message.dirty = (object.dirty !== undefined && object.dirty !== null) ? BigInt(object.dirty) : 0n;
+    message.writeback = (object.writeback !== undefined && object.writeback !== null) ? BigInt(object.writeback) : 0n;
+    message.pgPgIn = (object.pgPgIn !== undefined && object.pgPgIn !== null) ? BigInt(object.pgPgIn) : 0n;
+    message.pgPgOut = (object.pgPgOut !== undefined && object.pgPgOut !== null) ? BigInt(object.pgPgOut) : 0n;
+    message.pgFault = (object.pgFault !== undefined && object.pgFault !== null) ? BigInt(object.pgFault) : 0n;
+    message.pgMajFault = (object.pgMajFault !== undefined && object.pgMajFault !== null)
+      ? BigInt(object.pgMajFault)
+      : 0n;
+    message.inactiveAnon = (object.inactiveAnon !== undefined && object.inactiveAnon !== null)
+      ? BigInt(object.inactiveAnon)
+      : 0n;
+    message.activeAnon = (object.activeAnon !== undefined && object.activeAnon !== null)
+      ? BigInt(object.activeAnon)
+      : 0n;
+    message.inactiveFile = (object.inactiveFile !== undefined && object.inactiveFile !== null)
+      ? BigInt(object.inactiveFile)
+      : 0n;
+    message.activeFile = (object.activeFile !== undefined && object.activeFile !== null)
+      ? BigInt(object.activeFile)
+      : 0n;
+    message.unevictable = (object.unevictable !== undefined && object.unevictable !== null)
+      ? BigInt(object.unevictable)
+      : 0n;
+    message.hierarchicalMemoryLimit =
+      (object.hierarchicalMemoryLimit !== undefined && object.hierarchicalMemoryLimit !== null)
+        ? BigInt(object.hierarchicalMemoryLimit)
+        : 0n;
+    message.hierarchicalSwapLimit =
+      (object.hierarchicalSwapLimit !== undefined && object.hierarchicalSwapLimit !== null)
+        ? BigInt(object.hierarchicalSwapLimit)
+        : 0n;
+    message.totalCache = (object.totalCache !== undefined && object.totalCache !== null)
+      ? BigInt(object.totalCache)
+      : 0n;
+    message.totalRss = (object.totalRss !== undefined && object.totalRss !== null) ? BigInt(object.totalRss) : 0n;
+    message.totalRssHuge = (object.totalRssHuge !== undefined && object.totalRssHuge !== null)
+      ? BigInt(object.totalRssHuge)
+      : 0n;
+    message.totalMappedFile = (object.totalMappedFile !== undefined && object.totalMappedFile !== null)
+      ? BigInt(object.totalMappedFile)
+      : 0n;
+    message.totalDirty = (object.totalDirty !== undefined && object.totalDirty !== null)
+      ? BigInt(object.totalDirty)
+      : 0n;
+    message.totalWriteback = (object.totalWriteback !== undefined && object.totalWriteback !== null)
+      ? BigInt(object.totalWriteback)
+      : 0n;
+    message.totalPgPgIn = (object.totalPgPgIn !== undefined && object.totalPgPgIn !== null)
+      ? BigInt(object.totalPgPgIn)
+      : 0n;
+    message.totalPgPgOut = (object.totalPgPgOut !== undefined && object.totalPgPgOut !== null)
+      ? BigInt(object.totalPgPgOut)
+      : 0n;
+    message.totalPgFault = (object.totalPgFault !== undefined && object.totalPgFault !== null)
+      ? BigInt(object.totalPgFault)
+      : 0n;
+    message.totalPgMajFault = (object.totalPgMajFault !== undefined && object.totalPgMajFault !== null)
+      ? BigInt(object.totalPgMajFault)
+      : 0n;
+    message.totalInactiveAnon = (object.totalInactiveAnon !== undefined && object.totalInactiveAnon !== null)
+      ? BigInt(object.totalInactiveAnon)
+      : 0n;
+    message.totalActiveAnon = (object.totalActiveAnon !== undefined && object.totalActiveAnon !== null)
+      ? BigInt(object.totalActiveAnon)
+      : 0n;
+    message.totalInactiveFile = (object.totalInactiveFile !== undefined && object.totalInactiveFile !== null)
+      ? BigInt(object.totalInactiveFile)
+      : 0n;
+    message.totalActiveFile = (object.totalActiveFile !== undefined && object.totalActiveFile !== null)
+      ? BigInt(object.totalActiveFile)
+      : 0n;
+    message.totalUnevictable = (object.totalUnevictable !== undefined && object.totalUnevictable !== null)
+      ? BigInt(object.totalUnevictable)
+      : 0n;
     message.usage = (object.usage !== undefined && object.usage !== null)
       ? MemoryEntry.fromPartial(object.usage)
       : undefined;
@@ -1275,21 +1459,33 @@ export const MemoryStat: MessageFns<MemoryStat> = {
 };
 
 function createBaseMemoryEntry(): MemoryEntry {
-  return { limit: 0, usage: 0, max: 0, failcnt: 0 };
+  return { limit: 0n, usage: 0n, max: 0n, failcnt: 0n };
 }
 
 export const MemoryEntry: MessageFns<MemoryEntry> = {
   encode(message: MemoryEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.limit !== 0) {
+    if (message.limit !== 0n) {
+      if (BigInt.asUintN(64, message.limit) !== message.limit) {
+        throw new globalThis.Error("value provided for field message.limit of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.limit);
     }
-    if (message.usage !== 0) {
+    if (message.usage !== 0n) {
+      if (BigInt.asUintN(64, message.usage) !== message.usage) {
+        throw new globalThis.Error("value provided for field message.usage of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.usage);
     }
-    if (message.max !== 0) {
+    if (message.max !== 0n) {
+      if (BigInt.asUintN(64, message.max) !== message.max) {
+        throw new globalThis.Error("value provided for field message.max of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.max);
     }
-    if (message.failcnt !== 0) {
+    if (message.failcnt !== 0n) {
+      if (BigInt.asUintN(64, message.failcnt) !== message.failcnt) {
+        throw new globalThis.Error("value provided for field message.failcnt of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.failcnt);
     }
     return writer;
@@ -1313,7 +1509,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.limit = longToNumber(reader.uint64());
+            message.limit = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -1321,7 +1517,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.usage = longToNumber(reader.uint64());
+            message.usage = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1329,7 +1525,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.max = longToNumber(reader.uint64());
+            message.max = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1337,7 +1533,7 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
               break;
             }
 
-            message.failcnt = longToNumber(reader.uint64());
+            message.failcnt = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1357,27 +1553,36 @@ export const MemoryEntry: MessageFns<MemoryEntry> = {
   },
   fromPartial<I extends Exact<DeepPartial<MemoryEntry>, I>>(object: I): MemoryEntry {
     const message = createBaseMemoryEntry();
-    message.limit = object.limit ?? 0;
-    message.usage = object.usage ?? 0;
-    message.max = object.max ?? 0;
-    message.failcnt = object.failcnt ?? 0;
+    message.limit = (object.limit !== undefined && object.limit !== null) ? BigInt(object.limit) : 0n;
+    message.usage = (object.usage !== undefined && object.usage !== null) ? BigInt(object.usage) : 0n;
+    message.max = (object.max !== undefined && object.max !== null) ? BigInt(object.max) : 0n;
+    message.failcnt = (object.failcnt !== undefined && object.failcnt !== null) ? BigInt(object.failcnt) : 0n;
     return message;
   },
 };
 
 function createBaseMemoryOomControl(): MemoryOomControl {
-  return { oomKillDisable: 0, underOom: 0, oomKill: 0 };
+  return { oomKillDisable: 0n, underOom: 0n, oomKill: 0n };
 }
 
 export const MemoryOomControl: MessageFns<MemoryOomControl> = {
   encode(message: MemoryOomControl, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.oomKillDisable !== 0) {
+    if (message.oomKillDisable !== 0n) {
+      if (BigInt.asUintN(64, message.oomKillDisable) !== message.oomKillDisable) {
+        throw new globalThis.Error("value provided for field message.oomKillDisable of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.oomKillDisable);
     }
-    if (message.underOom !== 0) {
+    if (message.underOom !== 0n) {
+      if (BigInt.asUintN(64, message.underOom) !== message.underOom) {
+        throw new globalThis.Error("value provided for field message.underOom of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.underOom);
     }
-    if (message.oomKill !== 0) {
+    if (message.oomKill !== 0n) {
+      if (BigInt.asUintN(64, message.oomKill) !== message.oomKill) {
+        throw new globalThis.Error("value provided for field message.oomKill of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.oomKill);
     }
     return writer;
@@ -1401,7 +1606,7 @@ export const MemoryOomControl: MessageFns<MemoryOomControl> = {
               break;
             }
 
-            message.oomKillDisable = longToNumber(reader.uint64());
+            message.oomKillDisable = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -1409,7 +1614,7 @@ export const MemoryOomControl: MessageFns<MemoryOomControl> = {
               break;
             }
 
-            message.underOom = longToNumber(reader.uint64());
+            message.underOom = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1417,7 +1622,7 @@ export const MemoryOomControl: MessageFns<MemoryOomControl> = {
               break;
             }
 
-            message.oomKill = longToNumber(reader.uint64());
+            message.oomKill = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1437,9 +1642,11 @@ export const MemoryOomControl: MessageFns<MemoryOomControl> = {
   },
   fromPartial<I extends Exact<DeepPartial<MemoryOomControl>, I>>(object: I): MemoryOomControl {
     const message = createBaseMemoryOomControl();
-    message.oomKillDisable = object.oomKillDisable ?? 0;
-    message.underOom = object.underOom ?? 0;
-    message.oomKill = object.oomKill ?? 0;
+    message.oomKillDisable = (object.oomKillDisable !== undefined && object.oomKillDisable !== null)
+      ? BigInt(object.oomKillDisable)
+      : 0n;
+    message.underOom = (object.underOom !== undefined && object.underOom !== null) ? BigInt(object.underOom) : 0n;
+    message.oomKill = (object.oomKill !== undefined && object.oomKill !== null) ? BigInt(object.oomKill) : 0n;
     return message;
   },
 };
@@ -1593,7 +1800,7 @@ export const BlkIOStat: MessageFns<BlkIOStat> = {
 };
 
 function createBaseBlkIOEntry(): BlkIOEntry {
-  return { op: "", device: "", major: 0, minor: 0, value: 0 };
+  return { op: "", device: "", major: 0n, minor: 0n, value: 0n };
 }
 
 export const BlkIOEntry: MessageFns<BlkIOEntry> = {
@@ -1604,13 +1811,22 @@ export const BlkIOEntry: MessageFns<BlkIOEntry> = {
     if (message.device !== "") {
       writer.uint32(18).string(message.device);
     }
-    if (message.major !== 0) {
+    if (message.major !== 0n) {
+      if (BigInt.asUintN(64, message.major) !== message.major) {
+        throw new globalThis.Error("value provided for field message.major of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.major);
     }
-    if (message.minor !== 0) {
+    if (message.minor !== 0n) {
+      if (BigInt.asUintN(64, message.minor) !== message.minor) {
+        throw new globalThis.Error("value provided for field message.minor of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.minor);
     }
-    if (message.value !== 0) {
+    if (message.value !== 0n) {
+      if (BigInt.asUintN(64, message.value) !== message.value) {
+        throw new globalThis.Error("value provided for field message.value of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.value);
     }
     return writer;
@@ -1650,7 +1866,7 @@ export const BlkIOEntry: MessageFns<BlkIOEntry> = {
               break;
             }
 
-            message.major = longToNumber(reader.uint64());
+            message.major = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1658,7 +1874,7 @@ export const BlkIOEntry: MessageFns<BlkIOEntry> = {
               break;
             }
 
-            message.minor = longToNumber(reader.uint64());
+            message.minor = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -1666,7 +1882,7 @@ export const BlkIOEntry: MessageFns<BlkIOEntry> = {
               break;
             }
 
-            message.value = longToNumber(reader.uint64());
+            message.value = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1688,9 +1904,9 @@ export const BlkIOEntry: MessageFns<BlkIOEntry> = {
     const message = createBaseBlkIOEntry();
     message.op = object.op ?? "";
     message.device = object.device ?? "";
-    message.major = object.major ?? 0;
-    message.minor = object.minor ?? 0;
-    message.value = object.value ?? 0;
+    message.major = (object.major !== undefined && object.major !== null) ? BigInt(object.major) : 0n;
+    message.minor = (object.minor !== undefined && object.minor !== null) ? BigInt(object.minor) : 0n;
+    message.value = (object.value !== undefined && object.value !== null) ? BigInt(object.value) : 0n;
     return message;
   },
 };
@@ -1844,14 +2060,14 @@ export const RdmaEntry: MessageFns<RdmaEntry> = {
 function createBaseNetworkStat(): NetworkStat {
   return {
     name: "",
-    rxBytes: 0,
-    rxPackets: 0,
-    rxErrors: 0,
-    rxDropped: 0,
-    txBytes: 0,
-    txPackets: 0,
-    txErrors: 0,
-    txDropped: 0,
+    rxBytes: 0n,
+    rxPackets: 0n,
+    rxErrors: 0n,
+    rxDropped: 0n,
+    txBytes: 0n,
+    txPackets: 0n,
+    txErrors: 0n,
+    txDropped: 0n,
   };
 }
 
@@ -1860,28 +2076,52 @@ export const NetworkStat: MessageFns<NetworkStat> = {
     if (message.name !== "") {
       writer.uint32(10).string(message.name);
     }
-    if (message.rxBytes !== 0) {
+    if (message.rxBytes !== 0n) {
+      if (BigInt.asUintN(64, message.rxBytes) !== message.rxBytes) {
+        throw new globalThis.Error("value provided for field message.rxBytes of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.rxBytes);
     }
-    if (message.rxPackets !== 0) {
+    if (message.rxPackets !== 0n) {
+      if (BigInt.asUintN(64, message.rxPackets) !== message.rxPackets) {
+        throw new globalThis.Error("value provided for field message.rxPackets of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.rxPackets);
     }
-    if (message.rxErrors !== 0) {
+    if (message.rxErrors !== 0n) {
+      if (BigInt.asUintN(64, message.rxErrors) !== message.rxErrors) {
+        throw new globalThis.Error("value provided for field message.rxErrors of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.rxErrors);
     }
-    if (message.rxDropped !== 0) {
+    if (message.rxDropped !== 0n) {
+      if (BigInt.asUintN(64, message.rxDropped) !== message.rxDropped) {
+        throw new globalThis.Error("value provided for field message.rxDropped of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.rxDropped);
     }
-    if (message.txBytes !== 0) {
+    if (message.txBytes !== 0n) {
+      if (BigInt.asUintN(64, message.txBytes) !== message.txBytes) {
+        throw new globalThis.Error("value provided for field message.txBytes of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.txBytes);
     }
-    if (message.txPackets !== 0) {
+    if (message.txPackets !== 0n) {
+      if (BigInt.asUintN(64, message.txPackets) !== message.txPackets) {
+        throw new globalThis.Error("value provided for field message.txPackets of type uint64 too large");
+      }
       writer.uint32(56).uint64(message.txPackets);
     }
-    if (message.txErrors !== 0) {
+    if (message.txErrors !== 0n) {
+      if (BigInt.asUintN(64, message.txErrors) !== message.txErrors) {
+        throw new globalThis.Error("value provided for field message.txErrors of type uint64 too large");
+      }
       writer.uint32(64).uint64(message.txErrors);
     }
-    if (message.txDropped !== 0) {
+    if (message.txDropped !== 0n) {
+      if (BigInt.asUintN(64, message.txDropped) !== message.txDropped) {
+        throw new globalThis.Error("value provided for field message.txDropped of type uint64 too large");
+      }
       writer.uint32(72).uint64(message.txDropped);
     }
     return writer;
@@ -1913,7 +2153,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxBytes = longToNumber(reader.uint64());
+            message.rxBytes = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1921,7 +2161,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxPackets = longToNumber(reader.uint64());
+            message.rxPackets = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1929,7 +2169,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxErrors = longToNumber(reader.uint64());
+            message.rxErrors = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -1937,7 +2177,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxDropped = longToNumber(reader.uint64());
+            message.rxDropped = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -1945,7 +2185,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txBytes = longToNumber(reader.uint64());
+            message.txBytes = reader.uint64() as bigint;
             continue;
           }
           case 7: {
@@ -1953,7 +2193,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txPackets = longToNumber(reader.uint64());
+            message.txPackets = reader.uint64() as bigint;
             continue;
           }
           case 8: {
@@ -1961,7 +2201,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txErrors = longToNumber(reader.uint64());
+            message.txErrors = reader.uint64() as bigint;
             continue;
           }
           case 9: {
@@ -1969,7 +2209,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txDropped = longToNumber(reader.uint64());
+            message.txDropped = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1990,37 +2230,52 @@ export const NetworkStat: MessageFns<NetworkStat> = {
   fromPartial<I extends Exact<DeepPartial<NetworkStat>, I>>(object: I): NetworkStat {
     const message = createBaseNetworkStat();
     message.name = object.name ?? "";
-    message.rxBytes = object.rxBytes ?? 0;
-    message.rxPackets = object.rxPackets ?? 0;
-    message.rxErrors = object.rxErrors ?? 0;
-    message.rxDropped = object.rxDropped ?? 0;
-    message.txBytes = object.txBytes ?? 0;
-    message.txPackets = object.txPackets ?? 0;
-    message.txErrors = object.txErrors ?? 0;
-    message.txDropped = object.txDropped ?? 0;
+    message.rxBytes = (object.rxBytes !== undefined && object.rxBytes !== null) ? BigInt(object.rxBytes) : 0n;
+    message.rxPackets = (object.rxPackets !== undefined && object.rxPackets !== null) ? BigInt(object.rxPackets) : 0n;
+    message.rxErrors = (object.rxErrors !== undefined && object.rxErrors !== null) ? BigInt(object.rxErrors) : 0n;
+    message.rxDropped = (object.rxDropped !== undefined && object.rxDropped !== null) ? BigInt(object.rxDropped) : 0n;
+    message.txBytes = (object.txBytes !== undefined && object.txBytes !== null) ? BigInt(object.txBytes) : 0n;
+    message.txPackets = (object.txPackets !== undefined && object.txPackets !== null) ? BigInt(object.txPackets) : 0n;
+    message.txErrors = (object.txErrors !== undefined && object.txErrors !== null) ? BigInt(object.txErrors) : 0n;
+    message.txDropped = (object.txDropped !== undefined && object.txDropped !== null) ? BigInt(object.txDropped) : 0n;
     return message;
   },
 };
 
 function createBaseCgroupStats(): CgroupStats {
-  return { nrSleeping: 0, nrRunning: 0, nrStopped: 0, nrUninterruptible: 0, nrIoWait: 0 };
+  return { nrSleeping: 0n, nrRunning: 0n, nrStopped: 0n, nrUninterruptible: 0n, nrIoWait: 0n };
 }
 
 export const CgroupStats: MessageFns<CgroupStats> = {
   encode(message: CgroupStats, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.nrSleeping !== 0) {
+    if (message.nrSleeping !== 0n) {
+      if (BigInt.asUintN(64, message.nrSleeping) !== message.nrSleeping) {
+        throw new globalThis.Error("value provided for field message.nrSleeping of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.nrSleeping);
     }
-    if (message.nrRunning !== 0) {
+    if (message.nrRunning !== 0n) {
+      if (BigInt.asUintN(64, message.nrRunning) !== message.nrRunning) {
+        throw new globalThis.Error("value provided for field message.nrRunning of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.nrRunning);
     }
-    if (message.nrStopped !== 0) {
+    if (message.nrStopped !== 0n) {
+      if (BigInt.asUintN(64, message.nrStopped) !== message.nrStopped) {
+        throw new globalThis.Error("value provided for field message.nrStopped of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.nrStopped);
     }
-    if (message.nrUninterruptible !== 0) {
+    if (message.nrUninterruptible !== 0n) {
+      if (BigInt.asUintN(64, message.nrUninterruptible) !== message.nrUninterruptible) {
+        throw new globalThis.Error("value provided for field message.nrUninterruptible of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.nrUninterruptible);
     }
-    if (message.nrIoWait !== 0) {
+    if (message.nrIoWait !== 0n) {
+      if (BigInt.asUintN(64, message.nrIoWait) !== message.nrIoWait) {
+        throw new globalThis.Error("value provided for field message.nrIoWait of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.nrIoWait);
     }
     return writer;
@@ -2044,7 +2299,7 @@ export const CgroupStats: MessageFns<CgroupStats> = {
               break;
             }
 
-            message.nrSleeping = longToNumber(reader.uint64());
+            message.nrSleeping = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -2052,7 +2307,7 @@ export const CgroupStats: MessageFns<CgroupStats> = {
               break;
             }
 
-            message.nrRunning = longToNumber(reader.uint64());
+            message.nrRunning = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -2060,7 +2315,7 @@ export const CgroupStats: MessageFns<CgroupStats> = {
               break;
             }
 
-            message.nrStopped = longToNumber(reader.uint64());
+            message.nrStopped = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -2068,7 +2323,7 @@ export const CgroupStats: MessageFns<CgroupStats> = {
               break;
             }
 
-            message.nrUninterruptible = longToNumber(reader.uint64());
+            message.nrUninterruptible = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -2076,7 +2331,7 @@ export const CgroupStats: MessageFns<CgroupStats> = {
               break;
             }
 
-            message.nrIoWait = longToNumber(reader.uint64());
+            message.nrIoWait = reader.uint64() as bigint;
             continue;
           }
         }
@@ -2096,19 +2351,23 @@ export const CgroupStats: MessageFns<CgroupStats> = {
   },
   fromPartial<I extends Exact<DeepPartial<CgroupStats>, I>>(object: I): CgroupStats {
     const message = createBaseCgroupStats();
-    message.nrSleeping = object.nrSleeping ?? 0;
-    message.nrRunning = object.nrRunning ?? 0;
-    message.nrStopped = object.nrStopped ?? 0;
-    message.nrUninterruptible = object.nrUninterruptible ?? 0;
-    message.nrIoWait = object.nrIoWait ?? 0;
+    message.nrSleeping = (object.nrSleeping !== undefined && object.nrSleeping !== null)
+      ? BigInt(object.nrSleeping)
+      : 0n;
+    message.nrRunning = (object.nrRunning !== undefined && object.nrRunning !== null) ? BigInt(object.nrRunning) : 0n;
+    message.nrStopped = (object.nrStopped !== undefined && object.nrStopped !== null) ? BigInt(object.nrStopped) : 0n;
+    message.nrUninterruptible = (object.nrUninterruptible !== undefined && object.nrUninterruptible !== null)
+      ? BigInt(object.nrUninterruptible)
+      : 0n;
+    message.nrIoWait = (object.nrIoWait !== undefined && object.nrIoWait !== null) ? BigInt(object.nrIoWait) : 0n;
     return message;
   },
 };
 
-type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
+type Builtin = Date | Function | Uint8Array | string | number | boolean | bigint | undefined;
 
-export type DeepPartial<T> = T extends Builtin ? T
-  : T extends globalThis.Array<infer U> ? globalThis.Array<DeepPartial<U>>
+export type DeepPartial<T> = T extends bigint ? string | number | bigint
+  : T extends Builtin ? T : T extends globalThis.Array<infer U> ? globalThis.Array<DeepPartial<U>>
   : T extends ReadonlyArray<infer U> ? ReadonlyArray<DeepPartial<U>>
   : T extends {} ? { [K in keyof T]?: DeepPartial<T[K]> }
   : Partial<T>;
@@ -2116,17 +2375,6 @@ export type DeepPartial<T> = T extends Builtin ? T
 type KeysOfUnion<T> = T extends T ? keyof T : never;
 export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
-
-function longToNumber(int64: { toString(): string }): number {
-  const num = globalThis.Number(int64.toString());
-  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
-    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
-  }
-  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
-    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
-  }
-  return num;
-}
 
 export interface MessageFns<T> {
   encode(message: T, writer?: BinaryWriter): BinaryWriter;

@@ -37,7 +37,7 @@ export interface PSIData {
   avg10: number;
   avg60: number;
   avg300: number;
-  total: number;
+  total: bigint;
 }
 
 export interface PSIStats {
@@ -46,76 +46,76 @@ export interface PSIStats {
 }
 
 export interface PidsStat {
-  current: number;
+  current: bigint;
   /** 0 means unlimited ("max"). */
-  limit: number;
+  limit: bigint;
 }
 
 /** cpu.stat, times in microseconds. */
 export interface CPUStat {
-  usageUsec: number;
-  userUsec: number;
-  systemUsec: number;
-  nrPeriods: number;
-  nrThrottled: number;
-  throttledUsec: number;
+  usageUsec: bigint;
+  userUsec: bigint;
+  systemUsec: bigint;
+  nrPeriods: bigint;
+  nrThrottled: bigint;
+  throttledUsec: bigint;
   psi:
     | PSIStats
     | undefined;
   /** Newer than containerd/cgroups 3.0.5; older decoders skip them. */
-  nrBursts: number;
-  burstUsec: number;
+  nrBursts: bigint;
+  burstUsec: bigint;
 }
 
 /** memory.stat plus the usage and limit files, in bytes or event counts. */
 export interface MemoryStat {
-  anon: number;
-  file: number;
-  kernelStack: number;
-  slab: number;
-  sock: number;
-  shmem: number;
-  fileMapped: number;
-  fileDirty: number;
-  fileWriteback: number;
-  anonThp: number;
-  inactiveAnon: number;
-  activeAnon: number;
-  inactiveFile: number;
-  activeFile: number;
-  unevictable: number;
-  slabReclaimable: number;
-  slabUnreclaimable: number;
-  pgfault: number;
-  pgmajfault: number;
-  workingsetRefault: number;
-  workingsetActivate: number;
-  workingsetNodereclaim: number;
-  pgrefill: number;
-  pgscan: number;
-  pgsteal: number;
-  pgactivate: number;
-  pgdeactivate: number;
-  pglazyfree: number;
-  pglazyfreed: number;
-  thpFaultAlloc: number;
-  thpCollapseAlloc: number;
-  usage: number;
-  usageLimit: number;
-  swapUsage: number;
-  swapLimit: number;
-  maxUsage: number;
-  swapMaxUsage: number;
+  anon: bigint;
+  file: bigint;
+  kernelStack: bigint;
+  slab: bigint;
+  sock: bigint;
+  shmem: bigint;
+  fileMapped: bigint;
+  fileDirty: bigint;
+  fileWriteback: bigint;
+  anonThp: bigint;
+  inactiveAnon: bigint;
+  activeAnon: bigint;
+  inactiveFile: bigint;
+  activeFile: bigint;
+  unevictable: bigint;
+  slabReclaimable: bigint;
+  slabUnreclaimable: bigint;
+  pgfault: bigint;
+  pgmajfault: bigint;
+  workingsetRefault: bigint;
+  workingsetActivate: bigint;
+  workingsetNodereclaim: bigint;
+  pgrefill: bigint;
+  pgscan: bigint;
+  pgsteal: bigint;
+  pgactivate: bigint;
+  pgdeactivate: bigint;
+  pglazyfree: bigint;
+  pglazyfreed: bigint;
+  thpFaultAlloc: bigint;
+  thpCollapseAlloc: bigint;
+  usage: bigint;
+  usageLimit: bigint;
+  swapUsage: bigint;
+  swapLimit: bigint;
+  maxUsage: bigint;
+  swapMaxUsage: bigint;
   psi: PSIStats | undefined;
 }
 
 /** memory.events counters. */
 export interface MemoryEvents {
-  low: number;
-  high: number;
-  max: number;
-  oom: number;
-  oomKill: number;
+  low: bigint;
+  high: bigint;
+  max: bigint;
+  oom: bigint;
+  oomKill: bigint;
 }
 
 export interface RdmaStat {
@@ -136,31 +136,31 @@ export interface IOStat {
 
 /** io.stat of one block device. */
 export interface IOEntry {
-  major: number;
-  minor: number;
-  rbytes: number;
-  wbytes: number;
-  rios: number;
-  wios: number;
+  major: bigint;
+  minor: bigint;
+  rbytes: bigint;
+  wbytes: bigint;
+  rios: bigint;
+  wios: bigint;
 }
 
 export interface HugeTlbStat {
-  current: number;
-  max: number;
+  current: bigint;
+  max: bigint;
   pagesize: string;
 }
 
 /** Counters of one network interface. */
 export interface NetworkStat {
   name: string;
-  rxBytes: number;
-  rxPackets: number;
-  rxErrors: number;
-  rxDropped: number;
-  txBytes: number;
-  txPackets: number;
-  txErrors: number;
-  txDropped: number;
+  rxBytes: bigint;
+  rxPackets: bigint;
+  rxErrors: bigint;
+  rxDropped: bigint;
+  txBytes: bigint;
+  txPackets: bigint;
+  txErrors: bigint;
+  txDropped: bigint;
 }
 
 function createBaseMetrics(): Metrics {
@@ -316,7 +316,7 @@ export const Metrics: MessageFns<Metrics> = {
 };
 
 function createBasePSIData(): PSIData {
-  return { avg10: 0, avg60: 0, avg300: 0, total: 0 };
+  return { avg10: 0, avg60: 0, avg300: 0, total: 0n };
 }
 
 export const PSIData: MessageFns<PSIData> = {
@@ -330,7 +330,10 @@ export const PSIData: MessageFns<PSIData> = {
     if (message.avg300 !== 0) {
       writer.uint32(25).double(message.avg300);
     }
-    if (message.total !== 0) {
+    if (message.total !== 0n) {
+      if (BigInt.asUintN(64, message.total) !== message.total) {
+        throw new globalThis.Error("value provided for field message.total of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.total);
     }
     return writer;
@@ -378,7 +381,7 @@ export const PSIData: MessageFns<PSIData> = {
               break;
             }
 
-            message.total = longToNumber(reader.uint64());
+            message.total = reader.uint64() as bigint;
             continue;
           }
         }
@@ -401,7 +404,7 @@ export const PSIData: MessageFns<PSIData> = {
     message.avg10 = object.avg10 ?? 0;
     message.avg60 = object.avg60 ?? 0;
     message.avg300 = object.avg300 ?? 0;
-    message.total = object.total ?? 0;
+    message.total = (object.total !== undefined && object.total !== null) ? BigInt(object.total) : 0n;
     return message;
   },
 };
@@ -474,15 +477,21 @@ export const PSIStats: MessageFns<PSIStats> = {
 };
 
 function createBasePidsStat(): PidsStat {
-  return { current: 0, limit: 0 };
+  return { current: 0n, limit: 0n };
 }
 
 export const PidsStat: MessageFns<PidsStat> = {
   encode(message: PidsStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.current !== 0) {
+    if (message.current !== 0n) {
+      if (BigInt.asUintN(64, message.current) !== message.current) {
+        throw new globalThis.Error("value provided for field message.current of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.current);
     }
-    if (message.limit !== 0) {
+    if (message.limit !== 0n) {
+      if (BigInt.asUintN(64, message.limit) !== message.limit) {
+        throw new globalThis.Error("value provided for field message.limit of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.limit);
     }
     return writer;
@@ -506,7 +515,7 @@ export const PidsStat: MessageFns<PidsStat> = {
               break;
             }
 
-            message.current = longToNumber(reader.uint64());
+            message.current = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -514,7 +523,7 @@ export const PidsStat: MessageFns<PidsStat> = {
               break;
             }
 
-            message.limit = longToNumber(reader.uint64());
+            message.limit = reader.uint64() as bigint;
             continue;
           }
         }
@@ -534,53 +543,77 @@ export const PidsStat: MessageFns<PidsStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<PidsStat>, I>>(object: I): PidsStat {
     const message = createBasePidsStat();
-    message.current = object.current ?? 0;
-    message.limit = object.limit ?? 0;
+    message.current = (object.current !== undefined && object.current !== null) ? BigInt(object.current) : 0n;
+    message.limit = (object.limit !== undefined && object.limit !== null) ? BigInt(object.limit) : 0n;
     return message;
   },
 };
 
 function createBaseCPUStat(): CPUStat {
   return {
-    usageUsec: 0,
-    userUsec: 0,
-    systemUsec: 0,
-    nrPeriods: 0,
-    nrThrottled: 0,
-    throttledUsec: 0,
+    usageUsec: 0n,
+    userUsec: 0n,
+    systemUsec: 0n,
+    nrPeriods: 0n,
+    nrThrottled: 0n,
+    throttledUsec: 0n,
     psi: undefined,
-    nrBursts: 0,
-    burstUsec: 0,
+    nrBursts: 0n,
+    burstUsec: 0n,
   };
 }
 
 export const CPUStat: MessageFns<CPUStat> = {
   encode(message: CPUStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.usageUsec !== 0) {
+    if (message.usageUsec !== 0n) {
+      if (BigInt.asUintN(64, message.usageUsec) !== message.usageUsec) {
+        throw new globalThis.Error("value provided for field message.usageUsec of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.usageUsec);
     }
-    if (message.userUsec !== 0) {
+    if (message.userUsec !== 0n) {
+      if (BigInt.asUintN(64, message.userUsec) !== message.userUsec) {
+        throw new globalThis.Error("value provided for field message.userUsec of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.userUsec);
     }
-    if (message.systemUsec !== 0) {
+    if (message.systemUsec !== 0n) {
+      if (BigInt.asUintN(64, message.systemUsec) !== message.systemUsec) {
+        throw new globalThis.Error("value provided for field message.systemUsec of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.systemUsec);
     }
-    if (message.nrPeriods !== 0) {
+    if (message.nrPeriods !== 0n) {
+      if (BigInt.asUintN(64, message.nrPeriods) !== message.nrPeriods) {
+        throw new globalThis.Error("value provided for field message.nrPeriods of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.nrPeriods);
     }
-    if (message.nrThrottled !== 0) {
+    if (message.nrThrottled !== 0n) {
+      if (BigInt.asUintN(64, message.nrThrottled) !== message.nrThrottled) {
+        throw new globalThis.Error("value provided for field message.nrThrottled of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.nrThrottled);
     }
-    if (message.throttledUsec !== 0) {
+    if (message.throttledUsec !== 0n) {
+      if (BigInt.asUintN(64, message.throttledUsec) !== message.throttledUsec) {
+        throw new globalThis.Error("value provided for field message.throttledUsec of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.throttledUsec);
     }
     if (message.psi !== undefined) {
       PSIStats.encode(message.psi, writer.uint32(58).fork()).join();
     }
-    if (message.nrBursts !== 0) {
+    if (message.nrBursts !== 0n) {
+      if (BigInt.asUintN(64, message.nrBursts) !== message.nrBursts) {
+        throw new globalThis.Error("value provided for field message.nrBursts of type uint64 too large");
+      }
       writer.uint32(64).uint64(message.nrBursts);
     }
-    if (message.burstUsec !== 0) {
+    if (message.burstUsec !== 0n) {
+      if (BigInt.asUintN(64, message.burstUsec) !== message.burstUsec) {
+        throw new globalThis.Error("value provided for field message.burstUsec of type uint64 too large");
+      }
       writer.uint32(72).uint64(message.burstUsec);
     }
     return writer;
@@ -604,7 +637,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.usageUsec = longToNumber(reader.uint64());
+            message.usageUsec = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -612,7 +645,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.userUsec = longToNumber(reader.uint64());
+            message.userUsec = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -620,7 +653,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.systemUsec = longToNumber(reader.uint64());
+            message.systemUsec = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -628,7 +661,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.nrPeriods = longToNumber(reader.uint64());
+            message.nrPeriods = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -636,7 +669,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.nrThrottled = longToNumber(reader.uint64());
+            message.nrThrottled = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -644,7 +677,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.throttledUsec = longToNumber(reader.uint64());
+            message.throttledUsec = reader.uint64() as bigint;
             continue;
           }
           case 7: {
@@ -660,7 +693,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.nrBursts = longToNumber(reader.uint64());
+            message.nrBursts = reader.uint64() as bigint;
             continue;
           }
           case 9: {
@@ -668,7 +701,7 @@ export const CPUStat: MessageFns<CPUStat> = {
               break;
             }
 
-            message.burstUsec = longToNumber(reader.uint64());
+            message.burstUsec = reader.uint64() as bigint;
             continue;
           }
         }
@@ -688,173 +721,290 @@ export const CPUStat: MessageFns<CPUStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<CPUStat>, I>>(object: I): CPUStat {
     const message = createBaseCPUStat();
-    message.usageUsec = object.usageUsec ?? 0;
-    message.userUsec = object.userUsec ?? 0;
-    message.systemUsec = object.systemUsec ?? 0;
-    message.nrPeriods = object.nrPeriods ?? 0;
-    message.nrThrottled = object.nrThrottled ?? 0;
-    message.throttledUsec = object.throttledUsec ?? 0;
+    message.usageUsec = (object.usageUsec !== undefined && object.usageUsec !== null) ? BigInt(object.usageUsec) : 0n;
+    message.userUsec = (object.userUsec !== undefined && object.userUsec !== null) ? BigInt(object.userUsec) : 0n;
+    message.systemUsec = (object.systemUsec !== undefined && object.systemUsec !== null)
+      ? BigInt(object.systemUsec)
+      : 0n;
+    message.nrPeriods = (object.nrPeriods !== undefined && object.nrPeriods !== null) ? BigInt(object.nrPeriods) : 0n;
+    message.nrThrottled = (object.nrThrottled !== undefined && object.nrThrottled !== null)
+      ? BigInt(object.nrThrottled)
+      : 0n;
+    message.throttledUsec = (object.throttledUsec !== undefined && object.throttledUsec !== null)
+      ? BigInt(object.throttledUsec)
+      : 0n;
     message.psi = (object.psi !== undefined && object.psi !== null) ? PSIStats.fromPartial(object.psi) : undefined;
-    message.nrBursts = object.nrBursts ?? 0;
-    message.burstUsec = object.burstUsec ?? 0;
+    message.nrBursts = (object.nrBursts !== undefined && object.nrBursts !== null) ? BigInt(object.nrBursts) : 0n;
+    message.burstUsec = (object.burstUsec !== undefined && object.burstUsec !== null) ? BigInt(object.burstUsec) : 0n;
     return message;
   },
 };
 
 function createBaseMemoryStat(): MemoryStat {
   return {
-    anon: 0,
-    file: 0,
-    kernelStack: 0,
-    slab: 0,
-    sock: 0,
-    shmem: 0,
-    fileMapped: 0,
-    fileDirty: 0,
-    fileWriteback: 0,
-    anonThp: 0,
-    inactiveAnon: 0,
-    activeAnon: 0,
-    inactiveFile: 0,
-    activeFile: 0,
-    unevictable: 0,
-    slabReclaimable: 0,
-    slabUnreclaimable: 0,
-    pgfault: 0,
-    pgmajfault: 0,
-    workingsetRefault: 0,
-    workingsetActivate: 0,
-    workingsetNodereclaim: 0,
-    pgrefill: 0,
-    pgscan: 0,
-    pgsteal: 0,
-    pgactivate: 0,
-    pgdeactivate: 0,
-    pglazyfree: 0,
-    pglazyfreed: 0,
-    thpFaultAlloc: 0,
-    thpCollapseAlloc: 0,
-    usage: 0,
-    usageLimit: 0,
-    swapUsage: 0,
-    swapLimit: 0,
-    maxUsage: 0,
-    swapMaxUsage: 0,
+    anon: 0n,
+    file: 0n,
+    kernelStack: 0n,
+    slab: 0n,
+    sock: 0n,
+    shmem: 0n,
+    fileMapped: 0n,
+    fileDirty: 0n,
+    fileWriteback: 0n,
+    anonThp: 0n,
+    inactiveAnon: 0n,
+    activeAnon: 0n,
+    inactiveFile: 0n,
+    activeFile: 0n,
+    unevictable: 0n,
+    slabReclaimable: 0n,
+    slabUnreclaimable: 0n,
+    pgfault: 0n,
+    pgmajfault: 0n,
+    workingsetRefault: 0n,
+    workingsetActivate: 0n,
+    workingsetNodereclaim: 0n,
+    pgrefill: 0n,
+    pgscan: 0n,
+    pgsteal: 0n,
+    pgactivate: 0n,
+    pgdeactivate: 0n,
+    pglazyfree: 0n,
+    pglazyfreed: 0n,
+    thpFaultAlloc: 0n,
+    thpCollapseAlloc: 0n,
+    usage: 0n,
+    usageLimit: 0n,
+    swapUsage: 0n,
+    swapLimit: 0n,
+    maxUsage: 0n,
+    swapMaxUsage: 0n,
     psi: undefined,
   };
 }
 
 export const MemoryStat: MessageFns<MemoryStat> = {
   encode(message: MemoryStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.anon !== 0) {
+    if (message.anon !== 0n) {
+      if (BigInt.asUintN(64, message.anon) !== message.anon) {
+        throw new globalThis.Error("value provided for field message.anon of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.anon);
     }
-    if (message.file !== 0) {
+    if (message.file !== 0n) {
+      if (BigInt.asUintN(64, message.file) !== message.file) {
+        throw new globalThis.Error("value provided for field message.file of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.file);
     }
-    if (message.kernelStack !== 0) {
+    if (message.kernelStack !== 0n) {
+      if (BigInt.asUintN(64, message.kernelStack) !== message.kernelStack) {
+        throw new globalThis.Error("value provided for field message.kernelStack of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.kernelStack);
     }
-    if (message.slab !== 0) {
+    if (message.slab !== 0n) {
+      if (BigInt.asUintN(64, message.slab) !== message.slab) {
+        throw new globalThis.Error("value provided for field message.slab of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.slab);
     }
-    if (message.sock !== 0) {
+    if (message.sock !== 0n) {
+      if (BigInt.asUintN(64, message.sock) !== message.sock) {
+        throw new globalThis.Error("value provided for field message.sock of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.sock);
     }
-    if (message.shmem !== 0) {
+    if (message.shmem !== 0n) {
+      if (BigInt.asUintN(64, message.shmem) !== message.shmem) {
+        throw new globalThis.Error("value provided for field message.shmem of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.shmem);
     }
-    if (message.fileMapped !== 0) {
+    if (message.fileMapped !== 0n) {
+      if (BigInt.asUintN(64, message.fileMapped) !== message.fileMapped) {
+        throw new globalThis.Error("value provided for field message.fileMapped of type uint64 too large");
+      }
       writer.uint32(56).uint64(message.fileMapped);
     }
-    if (message.fileDirty !== 0) {
+    if (message.fileDirty !== 0n) {
+      if (BigInt.asUintN(64, message.fileDirty) !== message.fileDirty) {
+        throw new globalThis.Error("value provided for field message.fileDirty of type uint64 too large");
+      }
       writer.uint32(64).uint64(message.fileDirty);
     }
-    if (message.fileWriteback !== 0) {
+    if (message.fileWriteback !== 0n) {
+      if (BigInt.asUintN(64, message.fileWriteback) !== message.fileWriteback) {
+        throw new globalThis.Error("value provided for field message.fileWriteback of type uint64 too large");
+      }
       writer.uint32(72).uint64(message.fileWriteback);
     }
-    if (message.anonThp !== 0) {
+    if (message.anonThp !== 0n) {
+      if (BigInt.asUintN(64, message.anonThp) !== message.anonThp) {
+        throw new globalThis.Error("value provided for field message.anonThp of type uint64 too large");
+      }
       writer.uint32(80).uint64(message.anonThp);
     }
-    if (message.inactiveAnon !== 0) {
+    if (message.inactiveAnon !== 0n) {
+      if (BigInt.asUintN(64, message.inactiveAnon) !== message.inactiveAnon) {
+        throw new globalThis.Error("value provided for field message.inactiveAnon of type uint64 too large");
+      }
       writer.uint32(88).uint64(message.inactiveAnon);
     }
-    if (message.activeAnon !== 0) {
+    if (message.activeAnon !== 0n) {
+      if (BigInt.asUintN(64, message.activeAnon) !== message.activeAnon) {
+        throw new globalThis.Error("value provided for field message.activeAnon of type uint64 too large");
+      }
       writer.uint32(96).uint64(message.activeAnon);
     }
-    if (message.inactiveFile !== 0) {
+    if (message.inactiveFile !== 0n) {
+      if (BigInt.asUintN(64, message.inactiveFile) !== message.inactiveFile) {
+        throw new globalThis.Error("value provided for field message.inactiveFile of type uint64 too large");
+      }
       writer.uint32(104).uint64(message.inactiveFile);
     }
-    if (message.activeFile !== 0) {
+    if (message.activeFile !== 0n) {
+      if (BigInt.asUintN(64, message.activeFile) !== message.activeFile) {
+        throw new globalThis.Error("value provided for field message.activeFile of type uint64 too large");
+      }
       writer.uint32(112).uint64(message.activeFile);
     }
-    if (message.unevictable !== 0) {
+    if (message.unevictable !== 0n) {
+      if (BigInt.asUintN(64, message.unevictable) !== message.unevictable) {
+        throw new globalThis.Error("value provided for field message.unevictable of type uint64 too large");
+      }
       writer.uint32(120).uint64(message.unevictable);
     }
-    if (message.slabReclaimable !== 0) {
+    if (message.slabReclaimable !== 0n) {
+      if (BigInt.asUintN(64, message.slabReclaimable) !== message.slabReclaimable) {
+        throw new globalThis.Error("value provided for field message.slabReclaimable of type uint64 too large");
+      }
       writer.uint32(128).uint64(message.slabReclaimable);
     }
-    if (message.slabUnreclaimable !== 0) {
+    if (message.slabUnreclaimable !== 0n) {
+      if (BigInt.asUintN(64, message.slabUnreclaimable) !== message.slabUnreclaimable) {
+        throw new globalThis.Error("value provided for field message.slabUnreclaimable of type uint64 too large");
+      }
       writer.uint32(136).uint64(message.slabUnreclaimable);
     }
-    if (message.pgfault !== 0) {
+    if (message.pgfault !== 0n) {
+      if (BigInt.asUintN(64, message.pgfault) !== message.pgfault) {
+        throw new globalThis.Error("value provided for field message.pgfault of type uint64 too large");
+      }
       writer.uint32(144).uint64(message.pgfault);
     }
-    if (message.pgmajfault !== 0) {
+    if (message.pgmajfault !== 0n) {
+      if (BigInt.asUintN(64, message.pgmajfault) !== message.pgmajfault) {
+        throw new globalThis.Error("value provided for field message.pgmajfault of type uint64 too large");
+      }
       writer.uint32(152).uint64(message.pgmajfault);
     }
-    if (message.workingsetRefault !== 0) {
+    if (message.workingsetRefault !== 0n) {
+      if (BigInt.asUintN(64, message.workingsetRefault) !== message.workingsetRefault) {
+        throw new globalThis.Error("value provided for field message.workingsetRefault of type uint64 too large");
+      }
       writer.uint32(160).uint64(message.workingsetRefault);
     }
-    if (message.workingsetActivate !== 0) {
+    if (message.workingsetActivate !== 0n) {
+      if (BigInt.asUintN(64, message.workingsetActivate) !== message.workingsetActivate) {
+        throw new globalThis.Error("value provided for field message.workingsetActivate of type uint64 too large");
+      }
       writer.uint32(168).uint64(message.workingsetActivate);
     }
-    if (message.workingsetNodereclaim !== 0) {
+    if (message.workingsetNodereclaim !== 0n) {
+      if (BigInt.asUintN(64, message.workingsetNodereclaim) !== message.workingsetNodereclaim) {
+        throw new globalThis.Error("value provided for field message.workingsetNodereclaim of type uint64 too large");
+      }
       writer.uint32(176).uint64(message.workingsetNodereclaim);
     }
-    if (message.pgrefill !== 0) {
+    if (message.pgrefill !== 0n) {
+      if (BigInt.asUintN(64, message.pgrefill) !== message.pgrefill) {
+        throw new globalThis.Error("value provided for field message.pgrefill of type uint64 too large");
+      }
       writer.uint32(184).uint64(message.pgrefill);
     }
-    if (message.pgscan !== 0) {
+    if (message.pgscan !== 0n) {
+      if (BigInt.asUintN(64, message.pgscan) !== message.pgscan) {
+        throw new globalThis.Error("value provided for field message.pgscan of type uint64 too large");
+      }
       writer.uint32(192).uint64(message.pgscan);
     }
-    if (message.pgsteal !== 0) {
+    if (message.pgsteal !== 0n) {
+      if (BigInt.asUintN(64, message.pgsteal) !== message.pgsteal) {
+        throw new globalThis.Error("value provided for field message.pgsteal of type uint64 too large");
+      }
       writer.uint32(200).uint64(message.pgsteal);
     }
-    if (message.pgactivate !== 0) {
+    if (message.pgactivate !== 0n) {
+      if (BigInt.asUintN(64, message.pgactivate) !== message.pgactivate) {
+        throw new globalThis.Error("value provided for field message.pgactivate of type uint64 too large");
+      }
       writer.uint32(208).uint64(message.pgactivate);
     }
-    if (message.pgdeactivate !== 0) {
+    if (message.pgdeactivate !== 0n) {
+      if (BigInt.asUintN(64, message.pgdeactivate) !== message.pgdeactivate) {
+        throw new globalThis.Error("value provided for field message.pgdeactivate of type uint64 too large");
+      }
       writer.uint32(216).uint64(message.pgdeactivate);
     }
-    if (message.pglazyfree !== 0) {
+    if (message.pglazyfree !== 0n) {
+      if (BigInt.asUintN(64, message.pglazyfree) !== message.pglazyfree) {
+        throw new globalThis.Error("value provided for field message.pglazyfree of type uint64 too large");
+      }
       writer.uint32(224).uint64(message.pglazyfree);
     }
-    if (message.pglazyfreed !== 0) {
+    if (message.pglazyfreed !== 0n) {
+      if (BigInt.asUintN(64, message.pglazyfreed) !== message.pglazyfreed) {
+        throw new globalThis.Error("value provided for field message.pglazyfreed of type uint64 too large");
+      }
       writer.uint32(232).uint64(message.pglazyfreed);
     }
-    if (message.thpFaultAlloc !== 0) {
+    if (message.thpFaultAlloc !== 0n) {
+      if (BigInt.asUintN(64, message.thpFaultAlloc) !== message.thpFaultAlloc) {
+        throw new globalThis.Error("value provided for field message.thpFaultAlloc of type uint64 too large");
+      }
       writer.uint32(240).uint64(message.thpFaultAlloc);
     }
-    if (message.thpCollapseAlloc !== 0) {
+    if (message.thpCollapseAlloc !== 0n) {
+      if (BigInt.asUintN(64, message.thpCollapseAlloc) !== message.thpCollapseAlloc) {
+        throw new globalThis.Error("value provided for field message.thpCollapseAlloc of type uint64 too large");
+      }
       writer.uint32(248).uint64(message.thpCollapseAlloc);
     }
-    if (message.usage !== 0) {
+    if (message.usage !== 0n) {
+      if (BigInt.asUintN(64, message.usage) !== message.usage) {
+        throw new globalThis.Error("value provided for field message.usage of type uint64 too large");
+      }
       writer.uint32(256).uint64(message.usage);
     }
-    if (message.usageLimit !== 0) {
+    if (message.usageLimit !== 0n) {
+      if (BigInt.asUintN(64, message.usageLimit) !== message.usageLimit) {
+        throw new globalThis.Error("value provided for field message.usageLimit of type uint64 too large");
+      }
       writer.uint32(264).uint64(message.usageLimit);
     }
-    if (message.swapUsage !== 0) {
+    if (message.swapUsage !== 0n) {
+      if (BigInt.asUintN(64, message.swapUsage) !== message.swapUsage) {
+        throw new globalThis.Error("value provided for field message.swapUsage of type uint64 too large");
+      }
       writer.uint32(272).uint64(message.swapUsage);
     }
-    if (message.swapLimit !== 0) {
+    if (message.swapLimit !== 0n) {
+      if (BigInt.asUintN(64, message.swapLimit) !== message.swapLimit) {
+        throw new globalThis.Error("value provided for field message.swapLimit of type uint64 too large");
+      }
       writer.uint32(280).uint64(message.swapLimit);
     }
-    if (message.maxUsage !== 0) {
+    if (message.maxUsage !== 0n) {
+      if (BigInt.asUintN(64, message.maxUsage) !== message.maxUsage) {
+        throw new globalThis.Error("value provided for field message.maxUsage of type uint64 too large");
+      }
       writer.uint32(288).uint64(message.maxUsage);
     }
-    if (message.swapMaxUsage !== 0) {
+    if (message.swapMaxUsage !== 0n) {
+      if (BigInt.asUintN(64, message.swapMaxUsage) !== message.swapMaxUsage) {
+        throw new globalThis.Error("value provided for field message.swapMaxUsage of type uint64 too large");
+      }
       writer.uint32(296).uint64(message.swapMaxUsage);
     }
     if (message.psi !== undefined) {
@@ -881,7 +1031,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.anon = longToNumber(reader.uint64());
+            message.anon = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -889,7 +1039,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.file = longToNumber(reader.uint64());
+            message.file = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -897,7 +1047,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.kernelStack = longToNumber(reader.uint64());
+            message.kernelStack = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -905,7 +1055,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.slab = longToNumber(reader.uint64());
+            message.slab = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -913,7 +1063,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.sock = longToNumber(reader.uint64());
+            message.sock = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -921,7 +1071,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.shmem = longToNumber(reader.uint64());
+            message.shmem = reader.uint64() as bigint;
             continue;
           }
           case 7: {
@@ -929,7 +1079,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.fileMapped = longToNumber(reader.uint64());
+            message.fileMapped = reader.uint64() as bigint;
             continue;
           }
           case 8: {
@@ -937,7 +1087,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.fileDirty = longToNumber(reader.uint64());
+            message.fileDirty = reader.uint64() as bigint;
             continue;
           }
           case 9: {
@@ -945,7 +1095,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.fileWriteback = longToNumber(reader.uint64());
+            message.fileWriteback = reader.uint64() as bigint;
             continue;
           }
           case 10: {
@@ -953,7 +1103,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.anonThp = longToNumber(reader.uint64());
+            message.anonThp = reader.uint64() as bigint;
             continue;
           }
           case 11: {
@@ -961,7 +1111,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.inactiveAnon = longToNumber(reader.uint64());
+            message.inactiveAnon = reader.uint64() as bigint;
             continue;
           }
           case 12: {
@@ -969,7 +1119,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.activeAnon = longToNumber(reader.uint64());
+            message.activeAnon = reader.uint64() as bigint;
             continue;
           }
           case 13: {
@@ -977,7 +1127,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.inactiveFile = longToNumber(reader.uint64());
+            message.inactiveFile = reader.uint64() as bigint;
             continue;
           }
           case 14: {
@@ -985,7 +1135,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.activeFile = longToNumber(reader.uint64());
+            message.activeFile = reader.uint64() as bigint;
             continue;
           }
           case 15: {
@@ -993,7 +1143,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.unevictable = longToNumber(reader.uint64());
+            message.unevictable = reader.uint64() as bigint;
             continue;
           }
           case 16: {
@@ -1001,7 +1151,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.slabReclaimable = longToNumber(reader.uint64());
+            message.slabReclaimable = reader.uint64() as bigint;
             continue;
           }
           case 17: {
@@ -1009,7 +1159,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.slabUnreclaimable = longToNumber(reader.uint64());
+            message.slabUnreclaimable = reader.uint64() as bigint;
             continue;
           }
           case 18: {
@@ -1017,7 +1167,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgfault = longToNumber(reader.uint64());
+            message.pgfault = reader.uint64() as bigint;
             continue;
           }
           case 19: {
@@ -1025,7 +1175,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgmajfault = longToNumber(reader.uint64());
+            message.pgmajfault = reader.uint64() as bigint;
             continue;
           }
           case 20: {
@@ -1033,7 +1183,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.workingsetRefault = longToNumber(reader.uint64());
+            message.workingsetRefault = reader.uint64() as bigint;
             continue;
           }
           case 21: {
@@ -1041,7 +1191,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.workingsetActivate = longToNumber(reader.uint64());
+            message.workingsetActivate = reader.uint64() as bigint;
             continue;
           }
           case 22: {
@@ -1049,7 +1199,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.workingsetNodereclaim = longToNumber(reader.uint64());
+            message.workingsetNodereclaim = reader.uint64() as bigint;
             continue;
           }
           case 23: {
@@ -1057,7 +1207,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgrefill = longToNumber(reader.uint64());
+            message.pgrefill = reader.uint64() as bigint;
             continue;
           }
           case 24: {
@@ -1065,7 +1215,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgscan = longToNumber(reader.uint64());
+            message.pgscan = reader.uint64() as bigint;
             continue;
           }
           case 25: {
@@ -1073,7 +1223,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgsteal = longToNumber(reader.uint64());
+            message.pgsteal = reader.uint64() as bigint;
             continue;
           }
           case 26: {
@@ -1081,7 +1231,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgactivate = longToNumber(reader.uint64());
+            message.pgactivate = reader.uint64() as bigint;
             continue;
           }
           case 27: {
@@ -1089,7 +1239,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pgdeactivate = longToNumber(reader.uint64());
+            message.pgdeactivate = reader.uint64() as bigint;
             continue;
           }
           case 28: {
@@ -1097,7 +1247,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pglazyfree = longToNumber(reader.uint64());
+            message.pglazyfree = reader.uint64() as bigint;
             continue;
           }
           case 29: {
@@ -1105,7 +1255,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.pglazyfreed = longToNumber(reader.uint64());
+            message.pglazyfreed = reader.uint64() as bigint;
             continue;
           }
           case 30: {
@@ -1113,7 +1263,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.thpFaultAlloc = longToNumber(reader.uint64());
+            message.thpFaultAlloc = reader.uint64() as bigint;
             continue;
           }
           case 31: {
@@ -1121,7 +1271,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.thpCollapseAlloc = longToNumber(reader.uint64());
+            message.thpCollapseAlloc = reader.uint64() as bigint;
             continue;
           }
           case 32: {
@@ -1129,7 +1279,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.usage = longToNumber(reader.uint64());
+            message.usage = reader.uint64() as bigint;
             continue;
           }
           case 33: {
@@ -1137,7 +1287,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.usageLimit = longToNumber(reader.uint64());
+            message.usageLimit = reader.uint64() as bigint;
             continue;
           }
           case 34: {
@@ -1145,7 +1295,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.swapUsage = longToNumber(reader.uint64());
+            message.swapUsage = reader.uint64() as bigint;
             continue;
           }
           case 35: {
@@ -1153,7 +1303,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.swapLimit = longToNumber(reader.uint64());
+            message.swapLimit = reader.uint64() as bigint;
             continue;
           }
           case 36: {
@@ -1161,7 +1311,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.maxUsage = longToNumber(reader.uint64());
+            message.maxUsage = reader.uint64() as bigint;
             continue;
           }
           case 37: {
@@ -1169,7 +1319,7 @@ export const MemoryStat: MessageFns<MemoryStat> = {
               break;
             }
 
-            message.swapMaxUsage = longToNumber(reader.uint64());
+            message.swapMaxUsage = reader.uint64() as bigint;
             continue;
           }
           case 38: {
@@ -1197,67 +1347,127 @@ export const MemoryStat: MessageFns<MemoryStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<MemoryStat>, I>>(object: I): MemoryStat {
     const message = createBaseMemoryStat();
-    message.anon = object.anon ?? 0;
-    message.file = object.file ?? 0;
-    message.kernelStack = object.kernelStack ?? 0;
-    message.slab = object.slab ?? 0;
-    message.sock = object.sock ?? 0;
-    message.shmem = object.shmem ?? 0;
-    message.fileMapped = object.fileMapped ?? 0;
-    message.fileDirty = object.fileDirty ?? 0;
-    message.fileWriteback = object.fileWriteback ?? 0;
-    message.anonThp = object.anonThp ?? 0;
-    message.inactiveAnon = object.inactiveAnon ?? 0;
-    message.activeAnon = object.activeAnon ?? 0;
-    message.inactiveFile = object.inactiveFile ?? 0;
-    message.activeFile = object.activeFile ?? 0;
-    message.unevictable = object.unevictable ?? 0;
-    message.slabReclaimable = object.slabReclaimable ?? 0;
-    message.slabUnreclaimable = object.slabUnreclaimable ?? 0;
-    message.pgfault = object.pgfault ?? 0;
-    message.pgmajfault = object.pgmajfault ?? 0;
-    message.workingsetRefault = object.workingsetRefault ?? 0;
-    message.workingsetActivate = object.workingsetActivate ?? 0;
-    message.workingsetNodereclaim = object.workingsetNodereclaim ?? 0;
-    message.pgrefill = object.pgrefill ?? 0;
-    message.pgscan = object.pgscan ?? 0;
-    message.pgsteal = object.pgsteal ?? 0;
-    message.pgactivate = object.pgactivate ?? 0;
-    message.pgdeactivate = object.pgdeactivate ?? 0;
-    message.pglazyfree = object.pglazyfree ?? 0;
-    message.pglazyfreed = object.pglazyfreed ?? 0;
-    message.thpFaultAlloc = object.thpFaultAlloc ?? 0;
-    message.thpCollapseAlloc = object.thpCollapseAlloc ?? 0;
-    message.usage = object.usage ?? 0;
-    message.usageLimit = object.usageLimit ?? 0;
-    message.swapUsage = object.swapUsage ?? 0;
-    message.swapLimit = object.swapLimit ?? 0;
-    message.maxUsage = object.maxUsage ?? 0;
-    message.swapMaxUsage = object.swapMaxUsage ?? 0;
+    message.anon = (object.anon !== undefined && object.anon !== null) ? BigInt(object.anon) : 0n;
+    message.file = (object.file !== undefined && object.file !== null) ? BigInt(object.file) : 0n;
+    message.kernelStack = (object.kernelStack !== undefined && object.kernelStack !== null)
+      ? BigInt(object.kernelStack)
+      : 0n;
+    message.slab = (object.slab !== undefined && object.slab !== null) ? BigInt(object.slab) : 0n;
+    message.sock = (object.sock !== undefined && object.sock !== null) ? BigInt(object.sock) : 0n;
+    message.shmem = (object.shmem !== undefined && object.shmem !== null) ? BigInt(object.shmem) : 0n;
+    message.fileMapped = (object.fileMapped !== undefined && object.fileMapped !== null)
+      ? BigInt(object.fileMapped)
+      : 0n;
+    message.fileDirty = (object.fileDirty !== undefined && object.fileDirty !== null) ? BigInt(object.fileDirty) : 0n;
+    message.fileWriteback = (object.fileWriteback !== undefined && object.fileWriteback !== null)
+      ? BigInt(object.fileWriteback)
+      : 0n;
+    message.anonThp = (object.anonThp !== undefined && object.anonThp !== null) ? BigInt(object.anonThp) : 0n;
+    message.inactiveAnon = (object.inactiveAnon !== undefined && object.inactiveAnon !== null)
+      ? BigInt(object.inactiveAnon)
+      : 0n;
+    message.activeAnon = (object.activeAnon !== undefined && object.activeAnon !== null)
+      ? BigInt(object.activeAnon)
+      : 0n;
+    message.inactiveFile = (object.inactiveFile !== undefined && object.inactiveFile !== null)
+      ? BigInt(object.inactiveFile)
+      : 0n;
+    message.activeFile = (object.activeFile !== undefined && object.activeFile !== null)
+      ? BigInt(object.activeFile)
+      : 0n;
+    message.unevictable = (object.unevictable !== undefined && object.unevictable !== null)
+      ? BigInt(object.unevictable)
+      : 0n;
+    message.slabReclaimable = (object.slabReclaimable !== undefined && object.slabReclaimable !== null)
+      ? BigInt(object.slabReclaimable)
+      : 0n;
+    message.slabUnreclaimable = (object.slabUnreclaimable !== undefined && object.slabUnreclaimable !== null)
+      ? BigInt(object.slabUnreclaimable)
+      : 0n;
+    message.pgfault = (object.pgfault !== undefined && object.pgfault !== null) ? BigInt(object.pgfault) : 0n;
+    message.pgmajfault = (object.pgmajfault !== undefined && object.pgmajfault !== null)
+      ? BigInt(object.pgmajfault)
+      : 0n;
+    message.workingsetRefault = (object.workingsetRefault !== undefined && object.workingsetRefault !== null)
+      ? BigInt(object.workingsetRefault)
+      : 0n;
+    message.workingsetActivate = (object.workingsetActivate !== undefined && object.workingsetActivate !== null)
+      ? BigInt(object.workingsetActivate)
+      : 0n;
+    message.workingsetNodereclaim =
+      (object.workingsetNodereclaim !== undefined && object.workingsetNodereclaim !== null)
+        ? BigInt(object.workingsetNodereclaim)
+        : 0n;
+    message.pgrefill = (object.pgrefill !== undefined && object.pgrefill !== null) ? BigInt(object.pgrefill) : 0n;
+    message.pgscan = (object.pgscan !== undefined && object.pgscan !== null) ? BigInt(object.pgscan) : 0n;
+    message.pgsteal = (object.pgsteal !== undefined && object.pgsteal !== null) ? BigInt(object.pgsteal) : 0n;
+    message.pgactivate = (object.pgactivate !== undefined && object.pgactivate !== null)
+      ? BigInt(object.pgactivate)
+      : 0n;
+    message.pgdeactivate = (object.pgdeactivate !== undefined && object.pgdeactivate !== null)
+      ? BigInt(object.pgdeactivate)
+      : 0n;
+    message.pglazyfree = (object.pglazyfree !== undefined && object.pglazyfree !== null)
+      ? BigInt(object.pglazyfree)
+      : 0n;
+    message.pglazyfreed = (object.pglazyfreed !== undefined && object.pglazyfreed !== null)
+      ? BigInt(object.pglazyfreed)
+      : 0n;
+    message.thpFaultAlloc = (object.thpFaultAlloc !== undefined && object.thpFaultAlloc !== null)
+      ? BigInt(object.thpFaultAlloc)
+      : 0n;
+    message.thpCollapseAlloc = (object.thpCollapseAlloc !== undefined && object.thpCollapseAlloc !== null)
+      ? BigInt(object.thpCollapseAlloc)
+      : 0n;
+    message.usage = (object.usage !== undefined && object.usage !== null) ? BigInt(object.usage) : 0n;
+    message.usageLimit = (object.usageLimit !== undefined && object.usageLimit !== null)
+      ? BigInt(object.usageLimit)
+      : 0n;
+    message.swapUsage = (object.swapUsage !== undefined && object.swapUsage !== null) ? BigInt(object.swapUsage) : 0n;
+    message.swapLimit = (object.swapLimit !== undefined && object.swapLimit !== null) ? BigInt(object.swapLimit) : 0n;
+    message.maxUsage = (object.maxUsage !== undefined && object.maxUsage !== null) ? BigInt(object.maxUsage) : 0n;
+    message.swapMaxUsage = (object.swapMaxUsage !== undefined && object.swapMaxUsage !== null)
+      ? BigInt(object.swapMaxUsage)
+      : 0n;
     message.psi = (object.psi !== undefined && object.psi !== null) ? PSIStats.fromPartial(object.psi) : undefined;
     return message;
   },
 };
 
 function createBaseMemoryEvents(): MemoryEvents {
-  return { low: 0, high: 0, max: 0, oom: 0, oomKill: 0 };
+  return { low: 0n, high: 0n, max: 0n, oom: 0n, oomKill: 0n };
 }
 
 export const MemoryEvents: MessageFns<MemoryEvents> = {
   encode(message: MemoryEvents, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.low !== 0) {
+    if (message.low !== 0n) {
+      if (BigInt.asUintN(64, message.low) !== message.low) {
+        throw new globalThis.Error("value provided for field message.low of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.low);
     }
-    if (message.high !== 0) {
+    if (message.high !== 0n) {
+      if (BigInt.asUintN(64, message.high) !== message.high) {
+        throw new globalThis.Error("value provided for field message.high of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.high);
     }
-    if (message.max !== 0) {
+    if (message.max !== 0n) {
+      if (BigInt.asUintN(64, message.max) !== message.max) {
+        throw new globalThis.Error("value provided for field message.max of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.max);
     }
-    if (message.oom !== 0) {
+    if (message.oom !== 0n) {
+      if (BigInt.asUintN(64, message.oom) !== message.oom) {
+        throw new globalThis.Error("value provided for field message.oom of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.oom);
     }
-    if (message.oomKill !== 0) {
+    if (message.oomKill !== 0n) {
+      if (BigInt.asUintN(64, message.oomKill) !== message.oomKill) {
+        throw new globalThis.Error("value provided for field message.oomKill of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.oomKill);
     }
     return writer;
@@ -1281,7 +1491,7 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
               break;
             }
 
-            message.low = longToNumber(reader.uint64());
+            message.low = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -1289,7 +1499,7 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
               break;
             }
 
-            message.high = longToNumber(reader.uint64());
+            message.high = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1297,7 +1507,7 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
               break;
             }
 
-            message.max = longToNumber(reader.uint64());
+            message.max = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1305,7 +1515,7 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
               break;
             }
 
-            message.oom = longToNumber(reader.uint64());
+            message.oom = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -1313,7 +1523,7 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
               break;
             }
 
-            message.oomKill = longToNumber(reader.uint64());
+            message.oomKill = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1333,11 +1543,11 @@ export const MemoryEvents: MessageFns<MemoryEvents> = {
   },
   fromPartial<I extends Exact<DeepPartial<MemoryEvents>, I>>(object: I): MemoryEvents {
     const message = createBaseMemoryEvents();
-    message.low = object.low ?? 0;
-    message.high = object.high ?? 0;
-    message.max = object.max ?? 0;
-    message.oom = object.oom ?? 0;
-    message.oomKill = object.oomKill ?? 0;
+    message.low = (object.low !== undefined && object.low !== null) ? BigInt(object.low) : 0n;
+    message.high = (object.high !== undefined && object.high !== null) ? BigInt(object.high) : 0n;
+    message.max = (object.max !== undefined && object.max !== null) ? BigInt(object.max) : 0n;
+    message.oom = (object.oom !== undefined && object.oom !== null) ? BigInt(object.oom) : 0n;
+    message.oomKill = (object.oomKill !== undefined && object.oomKill !== null) ? BigInt(object.oomKill) : 0n;
     return message;
   },
 };
@@ -1556,27 +1766,45 @@ export const IOStat: MessageFns<IOStat> = {
 };
 
 function createBaseIOEntry(): IOEntry {
-  return { major: 0, minor: 0, rbytes: 0, wbytes: 0, rios: 0, wios: 0 };
+  return { major: 0n, minor: 0n, rbytes: 0n, wbytes: 0n, rios: 0n, wios: 0n };
 }
 
 export const IOEntry: MessageFns<IOEntry> = {
   encode(message: IOEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.major !== 0) {
+    if (message.major !== 0n) {
+      if (BigInt.asUintN(64, message.major) !== message.major) {
+        throw new globalThis.Error("value provided for field message.major of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.major);
     }
-    if (message.minor !== 0) {
+    if (message.minor !== 0n) {
+      if (BigInt.asUintN(64, message.minor) !== message.minor) {
+        throw new globalThis.Error("value provided for field message.minor of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.minor);
     }
-    if (message.rbytes !== 0) {
+    if (message.rbytes !== 0n) {
+      if (BigInt.asUintN(64, message.rbytes) !== message.rbytes) {
+        throw new globalThis.Error("value provided for field message.rbytes of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.rbytes);
     }
-    if (message.wbytes !== 0) {
+    if (message.wbytes !== 0n) {
+      if (BigInt.asUintN(64, message.wbytes) !== message.wbytes) {
+        throw new globalThis.Error("value provided for field message.wbytes of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.wbytes);
     }
-    if (message.rios !== 0) {
+    if (message.rios !== 0n) {
+      if (BigInt.asUintN(64, message.rios) !== message.rios) {
+        throw new globalThis.Error("value provided for field message.rios of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.rios);
     }
-    if (message.wios !== 0) {
+    if (message.wios !== 0n) {
+      if (BigInt.asUintN(64, message.wios) !== message.wios) {
+        throw new globalThis.Error("value provided for field message.wios of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.wios);
     }
     return writer;
@@ -1600,7 +1828,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.major = longToNumber(reader.uint64());
+            message.major = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -1608,7 +1836,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.minor = longToNumber(reader.uint64());
+            message.minor = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1616,7 +1844,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.rbytes = longToNumber(reader.uint64());
+            message.rbytes = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1624,7 +1852,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.wbytes = longToNumber(reader.uint64());
+            message.wbytes = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -1632,7 +1860,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.rios = longToNumber(reader.uint64());
+            message.rios = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -1640,7 +1868,7 @@ export const IOEntry: MessageFns<IOEntry> = {
               break;
             }
 
-            message.wios = longToNumber(reader.uint64());
+            message.wios = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1660,26 +1888,32 @@ export const IOEntry: MessageFns<IOEntry> = {
   },
   fromPartial<I extends Exact<DeepPartial<IOEntry>, I>>(object: I): IOEntry {
     const message = createBaseIOEntry();
-    message.major = object.major ?? 0;
-    message.minor = object.minor ?? 0;
-    message.rbytes = object.rbytes ?? 0;
-    message.wbytes = object.wbytes ?? 0;
-    message.rios = object.rios ?? 0;
-    message.wios = object.wios ?? 0;
+    message.major = (object.major !== undefined && object.major !== null) ? BigInt(object.major) : 0n;
+    message.minor = (object.minor !== undefined && object.minor !== null) ? BigInt(object.minor) : 0n;
+    message.rbytes = (object.rbytes !== undefined && object.rbytes !== null) ? BigInt(object.rbytes) : 0n;
+    message.wbytes = (object.wbytes !== undefined && object.wbytes !== null) ? BigInt(object.wbytes) : 0n;
+    message.rios = (object.rios !== undefined && object.rios !== null) ? BigInt(object.rios) : 0n;
+    message.wios = (object.wios !== undefined && object.wios !== null) ? BigInt(object.wios) : 0n;
     return message;
   },
 };
 
 function createBaseHugeTlbStat(): HugeTlbStat {
-  return { current: 0, max: 0, pagesize: "" };
+  return { current: 0n, max: 0n, pagesize: "" };
 }
 
 export const HugeTlbStat: MessageFns<HugeTlbStat> = {
   encode(message: HugeTlbStat, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.current !== 0) {
+    if (message.current !== 0n) {
+      if (BigInt.asUintN(64, message.current) !== message.current) {
+        throw new globalThis.Error("value provided for field message.current of type uint64 too large");
+      }
       writer.uint32(8).uint64(message.current);
     }
-    if (message.max !== 0) {
+    if (message.max !== 0n) {
+      if (BigInt.asUintN(64, message.max) !== message.max) {
+        throw new globalThis.Error("value provided for field message.max of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.max);
     }
     if (message.pagesize !== "") {
@@ -1706,7 +1940,7 @@ export const HugeTlbStat: MessageFns<HugeTlbStat> = {
               break;
             }
 
-            message.current = longToNumber(reader.uint64());
+            message.current = reader.uint64() as bigint;
             continue;
           }
           case 2: {
@@ -1714,7 +1948,7 @@ export const HugeTlbStat: MessageFns<HugeTlbStat> = {
               break;
             }
 
-            message.max = longToNumber(reader.uint64());
+            message.max = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1742,8 +1976,8 @@ export const HugeTlbStat: MessageFns<HugeTlbStat> = {
   },
   fromPartial<I extends Exact<DeepPartial<HugeTlbStat>, I>>(object: I): HugeTlbStat {
     const message = createBaseHugeTlbStat();
-    message.current = object.current ?? 0;
-    message.max = object.max ?? 0;
+    message.current = (object.current !== undefined && object.current !== null) ? BigInt(object.current) : 0n;
+    message.max = (object.max !== undefined && object.max !== null) ? BigInt(object.max) : 0n;
     message.pagesize = object.pagesize ?? "";
     return message;
   },
@@ -1752,14 +1986,14 @@ export const HugeTlbStat: MessageFns<HugeTlbStat> = {
 function createBaseNetworkStat(): NetworkStat {
   return {
     name: "",
-    rxBytes: 0,
-    rxPackets: 0,
-    rxErrors: 0,
-    rxDropped: 0,
-    txBytes: 0,
-    txPackets: 0,
-    txErrors: 0,
-    txDropped: 0,
+    rxBytes: 0n,
+    rxPackets: 0n,
+    rxErrors: 0n,
+    rxDropped: 0n,
+    txBytes: 0n,
+    txPackets: 0n,
+    txErrors: 0n,
+    txDropped: 0n,
   };
 }
 
@@ -1768,28 +2002,52 @@ export const NetworkStat: MessageFns<NetworkStat> = {
     if (message.name !== "") {
       writer.uint32(10).string(message.name);
     }
-    if (message.rxBytes !== 0) {
+    if (message.rxBytes !== 0n) {
+      if (BigInt.asUintN(64, message.rxBytes) !== message.rxBytes) {
+        throw new globalThis.Error("value provided for field message.rxBytes of type uint64 too large");
+      }
       writer.uint32(16).uint64(message.rxBytes);
     }
-    if (message.rxPackets !== 0) {
+    if (message.rxPackets !== 0n) {
+      if (BigInt.asUintN(64, message.rxPackets) !== message.rxPackets) {
+        throw new globalThis.Error("value provided for field message.rxPackets of type uint64 too large");
+      }
       writer.uint32(24).uint64(message.rxPackets);
     }
-    if (message.rxErrors !== 0) {
+    if (message.rxErrors !== 0n) {
+      if (BigInt.asUintN(64, message.rxErrors) !== message.rxErrors) {
+        throw new globalThis.Error("value provided for field message.rxErrors of type uint64 too large");
+      }
       writer.uint32(32).uint64(message.rxErrors);
     }
-    if (message.rxDropped !== 0) {
+    if (message.rxDropped !== 0n) {
+      if (BigInt.asUintN(64, message.rxDropped) !== message.rxDropped) {
+        throw new globalThis.Error("value provided for field message.rxDropped of type uint64 too large");
+      }
       writer.uint32(40).uint64(message.rxDropped);
     }
-    if (message.txBytes !== 0) {
+    if (message.txBytes !== 0n) {
+      if (BigInt.asUintN(64, message.txBytes) !== message.txBytes) {
+        throw new globalThis.Error("value provided for field message.txBytes of type uint64 too large");
+      }
       writer.uint32(48).uint64(message.txBytes);
     }
-    if (message.txPackets !== 0) {
+    if (message.txPackets !== 0n) {
+      if (BigInt.asUintN(64, message.txPackets) !== message.txPackets) {
+        throw new globalThis.Error("value provided for field message.txPackets of type uint64 too large");
+      }
       writer.uint32(56).uint64(message.txPackets);
     }
-    if (message.txErrors !== 0) {
+    if (message.txErrors !== 0n) {
+      if (BigInt.asUintN(64, message.txErrors) !== message.txErrors) {
+        throw new globalThis.Error("value provided for field message.txErrors of type uint64 too large");
+      }
       writer.uint32(64).uint64(message.txErrors);
     }
-    if (message.txDropped !== 0) {
+    if (message.txDropped !== 0n) {
+      if (BigInt.asUintN(64, message.txDropped) !== message.txDropped) {
+        throw new globalThis.Error("value provided for field message.txDropped of type uint64 too large");
+      }
       writer.uint32(72).uint64(message.txDropped);
     }
     return writer;
@@ -1821,7 +2079,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxBytes = longToNumber(reader.uint64());
+            message.rxBytes = reader.uint64() as bigint;
             continue;
           }
           case 3: {
@@ -1829,7 +2087,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxPackets = longToNumber(reader.uint64());
+            message.rxPackets = reader.uint64() as bigint;
             continue;
           }
           case 4: {
@@ -1837,7 +2095,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxErrors = longToNumber(reader.uint64());
+            message.rxErrors = reader.uint64() as bigint;
             continue;
           }
           case 5: {
@@ -1845,7 +2103,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.rxDropped = longToNumber(reader.uint64());
+            message.rxDropped = reader.uint64() as bigint;
             continue;
           }
           case 6: {
@@ -1853,7 +2111,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txBytes = longToNumber(reader.uint64());
+            message.txBytes = reader.uint64() as bigint;
             continue;
           }
           case 7: {
@@ -1861,7 +2119,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txPackets = longToNumber(reader.uint64());
+            message.txPackets = reader.uint64() as bigint;
             continue;
           }
           case 8: {
@@ -1869,7 +2127,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txErrors = longToNumber(reader.uint64());
+            message.txErrors = reader.uint64() as bigint;
             continue;
           }
           case 9: {
@@ -1877,7 +2135,7 @@ export const NetworkStat: MessageFns<NetworkStat> = {
               break;
             }
 
-            message.txDropped = longToNumber(reader.uint64());
+            message.txDropped = reader.uint64() as bigint;
             continue;
           }
         }
@@ -1898,22 +2156,22 @@ export const NetworkStat: MessageFns<NetworkStat> = {
   fromPartial<I extends Exact<DeepPartial<NetworkStat>, I>>(object: I): NetworkStat {
     const message = createBaseNetworkStat();
     message.name = object.name ?? "";
-    message.rxBytes = object.rxBytes ?? 0;
-    message.rxPackets = object.rxPackets ?? 0;
-    message.rxErrors = object.rxErrors ?? 0;
-    message.rxDropped = object.rxDropped ?? 0;
-    message.txBytes = object.txBytes ?? 0;
-    message.txPackets = object.txPackets ?? 0;
-    message.txErrors = object.txErrors ?? 0;
-    message.txDropped = object.txDropped ?? 0;
+    message.rxBytes = (object.rxBytes !== undefined && object.rxBytes !== null) ? BigInt(object.rxBytes) : 0n;
+    message.rxPackets = (object.rxPackets !== undefined && object.rxPackets !== null) ? BigInt(object.rxPackets) : 0n;
+    message.rxErrors = (object.rxErrors !== undefined && object.rxErrors !== null) ? BigInt(object.rxErrors) : 0n;
+    message.rxDropped = (object.rxDropped !== undefined && object.rxDropped !== null) ? BigInt(object.rxDropped) : 0n;
+    message.txBytes = (object.txBytes !== undefined && object.txBytes !== null) ? BigInt(object.txBytes) : 0n;
+    message.txPackets = (object.txPackets !== undefined && object.txPackets !== null) ? BigInt(object.txPackets) : 0n;
+    message.txErrors = (object.txErrors !== undefined && object.txErrors !== null) ? BigInt(object.txErrors) : 0n;
+    message.txDropped = (object.txDropped !== undefined && object.txDropped !== null) ? BigInt(object.txDropped) : 0n;
     return message;
   },
 };
 
-type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
+type Builtin = Date | Function | Uint8Array | string | number | boolean | bigint | undefined;
 
-export type DeepPartial<T> = T extends Builtin ? T
-  : T extends globalThis.Array<infer U> ? globalThis.Array<DeepPartial<U>>
+export type DeepPartial<T> = T extends bigint ? string | number | bigint
+  : T extends Builtin ? T : T extends globalThis.Array<infer U> ? globalThis.Array<DeepPartial<U>>
   : T extends ReadonlyArray<infer U> ? ReadonlyArray<DeepPartial<U>>
   : T extends {} ? { [K in keyof T]?: DeepPartial<T[K]> }
   : Partial<T>;
@@ -1921,17 +2179,6 @@ export type DeepPartial<T> = T extends Builtin ? T
 type KeysOfUnion<T> = T extends T ? keyof T : never;
 export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
-
-function longToNumber(int64: { toString(): string }): number {
-  const num = globalThis.Number(int64.toString());
-  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
-    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
-  }
-  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
-    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
-  }
-  return num;
-}
 
 export interface MessageFns<T> {
   encode(message: T, writer?: BinaryWriter): BinaryWriter;

@@ -1,0 +1,177 @@
+/**
+ * The daemon as an operator meets it: its socket (mode, a second instance, a stale socket
+ * after a crash, something else in the way), SIGTERM (pending Waits end UNAVAILABLE, which
+ * containerd retries; sandboxes keep running; a restart finds them) and a bad configuration
+ * (SPEC.md sections 1 and 3-5).
+ */
+import assert from 'node:assert/strict';
+import { lstatSync, mkdirSync, readFileSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { type TsboxDaemon, startTsbox, tsboxMain, uniqueNamespace } from '../support/daemon-process.js';
+import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
+import { socketAccepts } from '../support/tsbox-daemon.js';
+import { alive, createAndStart, procExists, withLog } from './fixtures.js';
+
+describe('the tsbox daemon and its socket', () => {
+  let daemon: TsboxDaemon | undefined;
+  const ns = uniqueNamespace('daemon');
+
+  before(async () => {
+    daemon = await startTsbox('tsbox-daemon');
+  });
+
+  after(async () => {
+    await daemon?.teardown();
+  });
+
+  function d(): TsboxDaemon {
+    assert.ok(daemon !== undefined, 'daemon not started');
+    return daemon;
+  }
+
+  test('the socket is a unix socket with mode 0660', () => {
+    const info = statSync(d().socketPath);
+    assert.ok(info.isSocket(), `${d().socketPath} is not a socket`);
+    assert.equal((info.mode & 0o777).toString(8), '660');
+  });
+
+  test('a second serve on the same socket exits non-zero at once; the first keeps serving', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'survives-second-serve';
+      const { pid } = await createAndStart(d(), client, id);
+      const inode = statSync(d().socketPath).ino;
+
+      const second = await d().run(d().serveArgs(), 15_000);
+      assert.equal(second.signal, null, `the second serve did not exit by itself within 15 s:\n${second.stderr}`);
+      assert.notEqual(second.code, 0);
+      assert.match(second.stderr, /already listening/, `stderr: ${second.stderr}`);
+
+      assert.equal(statSync(d().socketPath).ino, inode, 'the socket of the first daemon was replaced');
+      const status = await client.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      assert.ok(alive(pid));
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('a regular file at the socket path is refused ("not a socket") and left alone', () =>
+    withLog(daemon, async () => {
+      const dir = path.join(d().dir, 'not-a-socket');
+      mkdirSync(dir, { recursive: true });
+      const file = path.join(dir, 'tsbox.sock');
+      writeFileSync(file, 'precious\n');
+      const result = await d().run([tsboxMain, 'serve', '--socket', file, '--state-dir', path.join(dir, 'state')], 15_000);
+      assert.equal(result.signal, null, 'serve did not exit by itself');
+      assert.notEqual(result.code, 0);
+      assert.match(result.stderr, /not a socket/, `stderr: ${result.stderr}`);
+      assert.ok(lstatSync(file).isFile());
+      assert.equal(readFileSync(file, 'utf8'), 'precious\n');
+    }));
+
+  test('a bad configuration exits 2 and lists every problem', () =>
+    withLog(daemon, async () => {
+      const dir = path.join(d().dir, 'bad-config');
+      mkdirSync(dir, { recursive: true });
+      const socket = path.join(dir, 'tsbox.sock');
+      const stateDir = path.join(dir, 'state');
+      const result = await d().run(
+        [tsboxMain, 'serve', '--socket', socket, '--state-dir', stateDir, '--log-level', 'loud', '--socket-mode', '999'],
+        15_000,
+      );
+      assert.equal(result.code, 2, `exit ${result.code}, stderr: ${result.stderr}`);
+      assert.match(result.stderr, /log[-_ ]?level/i, `stderr should name the log level: ${result.stderr}`);
+      assert.match(result.stderr, /socket[-_ ]?mode/i, `stderr should name the socket mode: ${result.stderr}`);
+      assert.equal(existsSync(socket), false, 'no socket for a daemon that did not start');
+      assert.equal(existsSync(stateDir), false, 'no state dir for a daemon that did not start');
+    }));
+
+  test('an invalid or unreadable TOML config file exits 2', () =>
+    withLog(daemon, async () => {
+      const dir = path.join(d().dir, 'toml');
+      mkdirSync(dir, { recursive: true });
+      const base = ['serve', '--socket', path.join(dir, 'tsbox.sock'), '--state-dir', path.join(dir, 'state')];
+
+      const invalid = path.join(dir, 'invalid.toml');
+      writeFileSync(invalid, 'socket = [\nlog_level = \n');
+      const bad = await d().run([tsboxMain, ...base, '--config', invalid], 15_000);
+      assert.equal(bad.code, 2, `invalid TOML: exit ${bad.code}, stderr: ${bad.stderr}`);
+      assert.ok(bad.stderr.includes(invalid), `stderr should name ${invalid}: ${bad.stderr}`);
+
+      const missing = path.join(dir, 'missing.toml');
+      const gone = await d().run([tsboxMain, ...base, '--config', missing], 15_000);
+      assert.equal(gone.code, 2, `missing config: exit ${gone.code}, stderr: ${gone.stderr}`);
+      assert.ok(gone.stderr.includes(missing), `stderr should name ${missing}: ${gone.stderr}`);
+
+      // A directory cannot be read as a file, even by root.
+      const unreadable = await d().run([tsboxMain, ...base, '--config', dir], 15_000);
+      assert.equal(unreadable.code, 2, `unreadable config: exit ${unreadable.code}, stderr: ${unreadable.stderr}`);
+
+      const unknownKey = path.join(dir, 'unknown.toml');
+      writeFileSync(unknownKey, 'log_level = "info"\nno_such_setting = 1\n');
+      const unknown = await d().run([tsboxMain, ...base, '--config', unknownKey], 15_000);
+      assert.equal(unknown.code, 2, `unknown setting: exit ${unknown.code}, stderr: ${unknown.stderr}`);
+      assert.match(unknown.stderr, /no_such_setting|noSuchSetting/);
+    }));
+
+  test('after a crash (kill -9) the stale socket is replaced on restart and the sandboxes are still there', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'survives-crash';
+      const { pid, createdAtMs } = await createAndStart(d(), client, id);
+
+      await d().kill9();
+      assert.ok(lstatSync(d().socketPath).isSocket(), 'a killed daemon leaves its socket file behind');
+      assert.equal(await socketAccepts(d().socketPath), false);
+      assert.ok(alive(pid), 'the sandbox must outlive the daemon');
+
+      await d().start();
+      const fresh = d().client(ns);
+      const status = await fresh.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      assert.equal(timestampMs(status.createdAt), createdAtMs);
+      assert.equal((statSync(d().socketPath).mode & 0o777).toString(8), '660');
+
+      await fresh.stop({ sandboxId: id, timeoutSecs: 0 });
+      assert.equal(procExists(pid), false);
+      assert.equal((await fresh.wait({ sandboxId: id })).exitStatus, 137);
+      await fresh.shutdown({ sandboxId: id });
+    }));
+
+  test('SIGTERM: exit 0, socket removed, a pending Wait ends UNAVAILABLE, sandboxes keep running', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'survives-sigterm';
+      const { pid, createdAtMs } = await createAndStart(d(), client, id);
+      const waiter = d().newClient(ns);
+      const waiting = expectCode(waiter.wait({ sandboxId: id }), GrpcStatus.UNAVAILABLE);
+      // On the same connection, after the Wait: once this answers, the Wait is with the server.
+      await waiter.status({ sandboxId: id });
+
+      const exit = await d().stop();
+      assert.equal(exit.graceful, true, 'tsbox did not exit on SIGTERM within the grace period');
+      assert.equal(exit.code, 0, `tsbox exited with ${exit.code} (signal ${exit.signal})`);
+      const ended = await waiting;
+      assert.equal(ended.code, GrpcStatus.UNAVAILABLE);
+      assert.equal(existsSync(d().socketPath), false, 'the socket should be removed on SIGTERM');
+      assert.ok(procExists(pid) && alive(pid), 'the sandbox process must keep running without tsbox');
+
+      await d().start();
+      const fresh = d().client(ns);
+      const status = await fresh.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      assert.equal(timestampMs(status.createdAt), createdAtMs);
+
+      const waitingAgain = fresh.wait({ sandboxId: id });
+      await fresh.stop({ sandboxId: id, timeoutSecs: 0 });
+      assert.equal(procExists(pid), false);
+      const answer = await waitingAgain;
+      assert.equal(answer.exitStatus, 137);
+      assert.deepEqual(await fresh.wait({ sandboxId: id }), answer);
+      assert.equal((await fresh.status({ sandboxId: id })).state, 'SANDBOX_NOTREADY');
+      await fresh.shutdown({ sandboxId: id });
+    }));
+});

@@ -1,0 +1,174 @@
+/**
+ * Stop with a grace period (tsbox's extension: SIGTERM, then SIGKILL after timeout_secs), and
+ * what a client deadline or cancel does to Wait and Stop: it ends that one call and changes
+ * nothing else (SPEC.md section 3).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { type TsboxDaemon, startTsbox, uniqueNamespace } from '../support/daemon-process.js';
+import { GrpcStatus, expectCode } from '../support/grpc-client.js';
+import { alive, createAndStart, delay, ociSpec, procExists, withLog } from './fixtures.js';
+
+const TRAPS_TERM = 'trap "exit 0" TERM; while :; do sleep 0.1; done';
+const IGNORES_TERM = 'trap "" TERM; while :; do sleep 0.1; done';
+
+describe('Stop with a grace period', () => {
+  let daemon: TsboxDaemon | undefined;
+  const ns = uniqueNamespace('stop');
+
+  before(async () => {
+    daemon = await startTsbox('tsbox-stop');
+  });
+
+  after(async () => {
+    await daemon?.teardown();
+  });
+
+  function d(): TsboxDaemon {
+    assert.ok(daemon !== undefined, 'daemon not started');
+    return daemon;
+  }
+
+  function shSandbox(id: string, script: string) {
+    return { sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' }, spec: ociSpec(['sh', '-c', script]) } };
+  }
+
+  test('Stop(2) on a process that exits on SIGTERM: Wait returns its own status 0, not 137', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'traps-term';
+      const { pid } = await createAndStart(d(), client, id, shSandbox(id, TRAPS_TERM));
+      await client.stop({ sandboxId: id, timeoutSecs: 2 });
+      assert.equal(procExists(pid), false, 'Stop returned before the process was gone');
+      const answer = await client.wait({ sandboxId: id });
+      // 0, not 137: the process ended on SIGTERM and never needed the SIGKILL.
+      assert.equal(answer.exitStatus, 0);
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('Stop(2) on a process that ignores SIGTERM: killed after the grace period, Wait 137', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'ignores-term';
+      const { pid } = await createAndStart(d(), client, id, shSandbox(id, IGNORES_TERM));
+      const began = Date.now();
+      const stopping = client.stop({ sandboxId: id, timeoutSecs: 2 });
+      await delay(1000);
+      const aliveAfterOneSecond = alive(pid);
+      await stopping;
+      const tookMs = Date.now() - began;
+      assert.ok(aliveAfterOneSecond, 'the process was killed before its grace period was over');
+      assert.equal(procExists(pid), false, 'Stop returned before the process was gone');
+      assert.ok(tookMs >= 1500, `Stop returned after ${tookMs} ms, before the 2 s grace period`);
+      const answer = await client.wait({ sandboxId: id });
+      assert.equal(answer.exitStatus, 137);
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('Stop(2) on the default pause process: it exits 0 on SIGTERM', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'pause';
+      const { pid } = await createAndStart(d(), client, id);
+      await client.stop({ sandboxId: id, timeoutSecs: 2 });
+      assert.equal(procExists(pid), false);
+      assert.equal((await client.wait({ sandboxId: id })).exitStatus, 0);
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('Shutdown during a long graceful Stop kills the sandbox at once; Stop and Wait return', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'shutdown-during-stop';
+      const { pid } = await createAndStart(d(), client, id, shSandbox(id, IGNORES_TERM));
+      const waiting = client.wait({ sandboxId: id });
+      const stopping = client.stop({ sandboxId: id, timeoutSecs: 30 });
+      // The Stop has sent SIGTERM, which the process ignores; it would be killed only after 30 s.
+      await client.status({ sandboxId: id });
+      assert.ok(alive(pid));
+      await client.shutdown({ sandboxId: id }, { timeoutMs: 10_000 });
+      assert.equal(procExists(pid), false);
+      await stopping;
+      assert.equal((await waiting).exitStatus, 137);
+      await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+    }));
+});
+
+describe('deadlines and cancellation', () => {
+  let daemon: TsboxDaemon | undefined;
+  const ns = uniqueNamespace('deadline');
+
+  before(async () => {
+    daemon = await startTsbox('tsbox-deadline');
+  });
+
+  after(async () => {
+    await daemon?.teardown();
+  });
+
+  function d(): TsboxDaemon {
+    assert.ok(daemon !== undefined, 'daemon not started');
+    return daemon;
+  }
+
+  test('Wait with a 200 ms deadline ends DEADLINE_EXCEEDED and changes nothing', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'wait-deadline';
+      const { pid } = await createAndStart(d(), client, id);
+      await expectCode(client.wait({ sandboxId: id }, { timeoutMs: 200 }), GrpcStatus.DEADLINE_EXCEEDED);
+      const status = await client.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      assert.ok(alive(pid));
+
+      // A later Wait still gets the exit.
+      const waiting = client.wait({ sandboxId: id });
+      await client.stop({ sandboxId: id, timeoutSecs: 0 });
+      assert.equal((await waiting).exitStatus, 137);
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('a cancelled Wait ends CANCELLED; the other waiters still get the exit', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'wait-cancel';
+      const { pid } = await createAndStart(d(), client, id);
+      const other = d().newClient(ns).wait({ sandboxId: id });
+      const abort = new AbortController();
+      const cancelled = client.wait({ sandboxId: id }, { signal: abort.signal });
+      // Let the call reach the server before cancelling it.
+      await client.status({ sandboxId: id });
+      abort.abort();
+      await expectCode(cancelled, GrpcStatus.CANCELLED);
+
+      const status = await client.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      await client.stop({ sandboxId: id, timeoutSecs: 0 });
+      assert.equal((await other).exitStatus, 137);
+      await client.shutdown({ sandboxId: id });
+    }));
+
+  test('Stop with a 300 ms deadline on a slow process ends DEADLINE_EXCEEDED; a Stop(0) then stops it', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'stop-deadline';
+      const { pid } = await createAndStart(d(), client, id, {
+        sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' }, spec: ociSpec(['sh', '-c', IGNORES_TERM]) },
+      });
+      const waiting = client.wait({ sandboxId: id });
+      await expectCode(client.stop({ sandboxId: id, timeoutSecs: 30 }, { timeoutMs: 300 }), GrpcStatus.DEADLINE_EXCEEDED);
+      assert.ok(alive(pid), 'the process ignores SIGTERM and has 30 s of grace');
+      assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_READY');
+
+      const began = Date.now();
+      await client.stop({ sandboxId: id, timeoutSecs: 0 }, { timeoutMs: 10_000 });
+      assert.ok(Date.now() - began < 10_000);
+      assert.equal(procExists(pid), false);
+      const answer = await waiting;
+      assert.equal(answer.exitStatus, 137);
+      assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_NOTREADY');
+      await client.shutdown({ sandboxId: id });
+    }));
+});
