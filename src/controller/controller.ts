@@ -256,7 +256,7 @@ export class Controller {
   async #undoStart(sandbox: Sandbox, running: RunningSandbox | undefined, cause: unknown): Promise<void> {
     sandbox.log.warn({ err: cause }, 'start failed; cleaning up');
     if (running !== undefined) {
-      this.#backend.kill(running, 0);
+      await this.#backend.kill(running, 0);
       await new Promise<void>((resolve) => running.onExit(() => resolve()));
     }
     await this.#backend.release(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'release after a failed start failed'));
@@ -337,7 +337,7 @@ export class Controller {
         await this.#exitUnknown(sandbox);
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info({ timeoutSeconds }, timeoutSeconds === 0 ? 'killing sandbox' : 'stopping sandbox');
-        this.#backend.kill(sandbox.running, timeoutSeconds);
+        await this.#backend.kill(sandbox.running, timeoutSeconds);
         this.#crash('stop:after-kill');
       }
     });
@@ -416,7 +416,7 @@ export class Controller {
         await this.#exitUnknown(sandbox);
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info('shutdown: killing running sandbox');
-        this.#backend.kill(sandbox.running, 0);
+        await this.#backend.kill(sandbox.running, 0);
         this.#crash('shutdown:after-kill');
         await sandbox.exit.wait(signal);
       } else if (sandbox.state === 'created') {
@@ -526,6 +526,8 @@ export class Controller {
       }
       case 'exited': {
         const exit = record.exit ?? { status: UNKNOWN_EXIT_STATUS, exitedAt: this.#clock(), reason: 'exit not recorded' };
+        // A crash between recording the exit and releasing may have left its cgroup.
+        await this.#backend.release(spec).catch((err: unknown) => log.warn({ err }, 'releasing the exited sandbox failed'));
         sandbox.exit.resolve(exit);
         return 'exited';
       }
@@ -539,6 +541,10 @@ export class Controller {
           return 'running';
         }
         if (found.kind === 'running') {
+          if (found.sandbox.pid !== record.pid || JSON.stringify(found.sandbox.handle) !== JSON.stringify(record.backend)) {
+            // The backend corrected what the record said (e.g. a pid without its start time).
+            await this.#write(sandbox, { pid: found.sandbox.pid, backend: found.sandbox.handle });
+          }
           this.#watch(sandbox, found.sandbox);
           log.info({ pid: found.sandbox.pid }, 'recovered: sandbox still running');
           return 'running';

@@ -69,8 +69,11 @@ export interface RuntimeBackend {
    * kills a process that runs without a record of it.
    */
   abandon(spec: LaunchSpec): Promise<void>;
-  /** Signals the sandbox: SIGKILL now when graceSeconds is 0, else SIGTERM then SIGKILL. */
-  kill(sandbox: RunningSandbox, graceSeconds: number): void;
+  /**
+   * Signals the sandbox: SIGKILL now when graceSeconds is 0, else SIGTERM then SIGKILL
+   * after graceSeconds. Resolves once the first signal is sent.
+   */
+  kill(sandbox: RunningSandbox, graceSeconds: number): Promise<void>;
   /** Releases what an exited sandbox held (cgroups, files). Idempotent. */
   release(spec: LaunchSpec): Promise<void>;
   /** cgroup statistics as an Any, or Unimplemented. */

@@ -49,8 +49,9 @@ export class NoopBackend implements RuntimeBackend {
     return Promise.resolve();
   }
 
-  kill(sandbox: RunningSandbox, _graceSeconds: number): void {
+  kill(sandbox: RunningSandbox, _graceSeconds: number): Promise<void> {
     (sandbox as NoopSandbox).end();
+    return Promise.resolve();
   }
 
   release(_spec: LaunchSpec): Promise<void> {

@@ -243,9 +243,24 @@ export class ProcessBackend implements RuntimeBackend {
       return { kind: 'exited', exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: no process recorded' } };
     }
     const key = `${spec.namespace}/${spec.id}`;
+    if (await isSameProcess(parsed.data.shimPid, parsed.data.shimStart)) {
+      // The supervisor lives; the sandbox pid is trusted only with its start time, else it
+      // is taken from the supervisor's own pid file.
+      const handle = await this.#verifiedHandle(dir, parsed.data);
+      if (handle !== undefined) {
+        const watched = new Watched(key, dir, handle, false);
+        this.#watched.set(key, watched);
+        return { kind: 'running', sandbox: watched };
+      }
+      this.#log.warn({ key, pid: parsed.data.pid }, 'recorded sandbox pid is not the sandbox process; removing the sandbox');
+      await this.abandon(spec);
+      return {
+        kind: 'exited',
+        exit: (await this.#readExit(dir)) ?? { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the recorded process was not the sandbox' },
+      };
+    }
     const watched = new Watched(key, dir, parsed.data, false);
     this.#watched.set(key, watched);
-    if (await isSameProcess(parsed.data.shimPid, parsed.data.shimStart)) return { kind: 'running', sandbox: watched };
     // The supervisor may have written the exit between the first read and now.
     const late = await this.#readExit(dir);
     if (late !== undefined) {
@@ -263,6 +278,18 @@ export class ProcessBackend implements RuntimeBackend {
       kind: 'exited',
       exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the sandbox supervisor was killed' },
     };
+  }
+
+  /** The handle with a sandbox pid that is really the supervisor's child, or undefined. */
+  async #verifiedHandle(dir: string, handle: ProcessHandle): Promise<ProcessHandle | undefined> {
+    if (await isSameProcess(handle.pid, handle.pidStart)) return handle;
+    const text = await readFile(join(dir, 'pid'), 'utf8').catch(() => '');
+    const [shimPid, pid] = text.trim().split(' ').map(Number);
+    if (shimPid !== handle.shimPid || pid === undefined) return undefined;
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+    const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+    const pidStart = await processStartTime(pid);
+    return ppid === shimPid && pidStart !== undefined ? { ...handle, pid, pidStart } : undefined;
   }
 
   async abandon(spec: LaunchSpec): Promise<void> {
@@ -288,23 +315,21 @@ export class ProcessBackend implements RuntimeBackend {
     }
   }
 
-  kill(sandbox: RunningSandbox, graceSeconds: number): void {
+  async kill(sandbox: RunningSandbox, graceSeconds: number): Promise<void> {
     const watched = sandbox as Watched;
     if (watched.exited) return;
     const { pid, pidStart } = watched.handle;
-    const send = (signal: NodeJS.Signals): void => {
-      void isSameProcess(pid, pidStart).then((same) => {
-        if (same && !watched.exited) signalGroup(pid, signal);
-        else if (watched.orphaned) void this.#supervisorLost(watched);
-      });
+    // Signals go only to the process recorded with this start time, never to a reused pid.
+    const send = async (signal: NodeJS.Signals): Promise<void> => {
+      const same = await isSameProcess(pid, pidStart);
+      if (same && !watched.exited) signalGroup(pid, signal);
+      else if (watched.orphaned) await this.#supervisorLost(watched);
     };
-    if (graceSeconds <= 0) {
-      send('SIGKILL');
-      return;
+    if (graceSeconds > 0) {
+      clearTimeout(watched.killTimer);
+      watched.killTimer = setTimeout(() => void send('SIGKILL'), graceSeconds * 1000);
     }
-    send('SIGTERM');
-    clearTimeout(watched.killTimer);
-    watched.killTimer = setTimeout(() => send('SIGKILL'), graceSeconds * 1000);
+    await send(graceSeconds > 0 ? 'SIGTERM' : 'SIGKILL');
   }
 
   async release(spec: LaunchSpec): Promise<void> {

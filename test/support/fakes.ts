@@ -282,7 +282,12 @@ export class FakeBackend implements RuntimeBackend {
     return Promise.resolve();
   }
 
-  kill(running: RunningSandbox, graceSeconds: number): void {
+  kill(running: RunningSandbox, graceSeconds: number): Promise<void> {
+    this.#kill(running, graceSeconds);
+    return Promise.resolve();
+  }
+
+  #kill(running: RunningSandbox, graceSeconds: number): void {
     if (!(running instanceof FakeSandbox)) throw new Error('kill() got a sandbox this backend did not start');
     this.kills.push({ key: keyOf(running.spec.namespace, running.spec.id), graceSeconds });
     if (running.exited !== undefined) return;
