@@ -1,5 +1,5 @@
-import type { ServerUnaryCall } from '@grpc/grpc-js';
 import { TsboxError } from '../errors.js';
+import type { GrpcCall } from './h2/grpc-server.js';
 
 /** The metadata key containerd puts its namespace in. */
 export const NAMESPACE_KEY = 'containerd-namespace';
@@ -39,21 +39,20 @@ export class CallRegistry {
  * removes every listener and timer when the call ends.
  */
 export class CallContext {
-  readonly #call: ServerUnaryCall<unknown, unknown>;
+  readonly #call: GrpcCall;
   readonly #registry: CallRegistry;
   #controller: AbortController | undefined;
   #timer: NodeJS.Timeout | undefined;
   #onCancel: (() => void) | undefined;
 
-  constructor(call: ServerUnaryCall<unknown, unknown>, registry: CallRegistry) {
+  constructor(call: GrpcCall, registry: CallRegistry) {
     this.#call = call;
     this.#registry = registry;
   }
 
   /** The containerd-namespace metadata value, if any. */
   get namespace(): string | undefined {
-    const value = this.#call.metadata.get(NAMESPACE_KEY)[0];
-    return typeof value === 'string' ? value : value?.toString('utf8');
+    return this.#call.header(NAMESPACE_KEY);
   }
 
   get signal(): AbortSignal {
@@ -67,13 +66,12 @@ export class CallContext {
     }
     this.#registry.add(this);
     this.#onCancel = () => this.abort(new TsboxError('Cancelled', 'call cancelled by the client'));
-    this.#call.once('cancelled', this.#onCancel);
-    const deadline = this.#call.getDeadline();
-    const ms = deadline instanceof Date ? deadline.getTime() : deadline;
-    if (Number.isFinite(ms)) {
+    this.#call.onCancel(this.#onCancel);
+    const deadline = this.#call.deadline;
+    if (Number.isFinite(deadline)) {
       this.#timer = setTimeout(
         () => this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded')),
-        Math.max(0, ms - Date.now()),
+        Math.max(0, deadline - Date.now()),
       );
     }
     return controller.signal;
@@ -86,7 +84,7 @@ export class CallContext {
   dispose(): void {
     if (this.#controller === undefined) return;
     clearTimeout(this.#timer);
-    if (this.#onCancel !== undefined) this.#call.removeListener('cancelled', this.#onCancel);
+    if (this.#onCancel !== undefined) this.#call.offCancel(this.#onCancel);
     this.#registry.delete(this);
   }
 }

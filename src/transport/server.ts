@@ -1,9 +1,8 @@
-import { Server, ServerCredentials, type sendUnaryData, type ServerUnaryCall, type UntypedServiceImplementation } from '@grpc/grpc-js';
 import type { Logger } from 'pino';
 import type { Controller } from '../controller/controller.js';
 import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
 import type { AnyValue } from '../controller/types.js';
-import { TsboxError } from '../errors.js';
+import { TsboxError, messageOf } from '../errors.js';
 import {
   ControllerService,
   type ControllerCreateRequest,
@@ -27,10 +26,11 @@ import {
 } from '../gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Any } from '../gen/google/protobuf/any.js';
 import { CallContext, CallRegistry } from './call-context.js';
+import { GrpcH2Server, type GrpcCall } from './h2/grpc-server.js';
 import { claimSocket, prepareSocketPath } from './socket.js';
 import { toStatus } from './status.js';
 
-/** containerd sends messages of up to 16 MiB (SPEC.md section 1); grpc-js accepts 4 by default. */
+/** containerd sends messages of up to 16 MiB (SPEC.md section 1). */
 export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 export interface ServerOptions {
@@ -69,28 +69,36 @@ export function createServer(options: ServerOptions): TsboxServer {
   let inFlight = 0;
   let drained: (() => void) | undefined;
 
-  function unary<Req extends { sandboxId: string }, Res>(rpc: string, handler: Handler<Req, Res>) {
-    return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>): void => {
+  interface Method {
+    readonly rpc: string;
+    readonly serve: (call: GrpcCall) => void;
+  }
+
+  /** Wraps a handler: decode, validate, run, encode; errors become statuses. */
+  function unary<Req extends { sandboxId: string }, Res>(
+    definition: { path: string; requestDeserialize(b: Buffer): Req; responseSerialize(r: Res): Buffer },
+    rpc: string,
+    handler: Handler<Req, Res>,
+  ): [string, Method] {
+    const serve = (call: GrpcCall): void => {
       const started = debug ? process.hrtime.bigint() : 0n;
       const ctx = new CallContext(call, registry);
+      let request: Req | undefined;
       inFlight++;
-      const finish = (): void => {
+      const reply = (err: unknown, response?: Res): void => {
         ctx.dispose();
         if (--inFlight === 0) drained?.();
-      };
-      const reply = (err: unknown, response?: Res): void => {
-        finish();
-        if (err === undefined) callback(null, response);
-        else callback(toStatus(err, log, rpc));
+        let code = 0;
+        if (err === undefined) {
+          call.respond(definition.responseSerialize(response as Res));
+        } else {
+          const status = toStatus(err, log, rpc);
+          code = status.code;
+          call.fail(status.code, status.message);
+        }
         if (debug) {
           log.debug(
-            {
-              rpc,
-              ns: ctx.namespace,
-              id: call.request.sandboxId,
-              code: err === undefined ? 0 : toStatus(err, log, rpc).code,
-              ms: Number(process.hrtime.bigint() - started) / 1e6,
-            },
+            { rpc, ns: ctx.namespace, id: request?.sandboxId, code, ms: Number(process.hrtime.bigint() - started) / 1e6 },
             'rpc',
           );
         }
@@ -98,19 +106,25 @@ export function createServer(options: ServerOptions): TsboxServer {
       try {
         const closing = registry.closing;
         if (closing !== undefined) throw closing;
+        try {
+          request = definition.requestDeserialize(call.message);
+        } catch (err) {
+          throw new TsboxError('InvalidArgument', `malformed ${rpc} request: ${messageOf(err)}`);
+        }
         const namespace = validateNamespace(ctx.namespace);
-        validateIdentifier('sandbox_id', call.request.sandboxId);
-        const result = handler(call.request, ctx, namespace);
+        validateIdentifier('sandbox_id', request.sandboxId);
+        const result = handler(request, ctx, namespace);
         if (result instanceof Promise) result.then((response) => reply(undefined, response), (err: unknown) => reply(err));
         else reply(undefined, result);
       } catch (err) {
         reply(err);
       }
     };
+    return [definition.path, { rpc, serve }];
   }
 
-  const implementation: UntypedServiceImplementation = {
-    create: unary<ControllerCreateRequest, ControllerCreateResponse>('Create', async (req, _ctx, ns) => {
+  const methods = new Map<string, Method>([
+    unary<ControllerCreateRequest, ControllerCreateResponse>(ControllerService.create, 'Create', async (req, _ctx, ns) => {
       const sandbox = req.sandbox;
       await controller.create(ns, req.sandboxId, {
         netnsPath: req.netnsPath,
@@ -122,7 +136,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       return { sandboxId: req.sandboxId };
     }),
-    start: unary<ControllerStartRequest, ControllerStartResponse>('Start', async (req, _ctx, ns) => {
+    unary<ControllerStartRequest, ControllerStartResponse>(ControllerService.start, 'Start', async (req, _ctx, ns) => {
       const started = await controller.start(ns, req.sandboxId);
       return {
         sandboxId: req.sandboxId,
@@ -134,19 +148,19 @@ export function createServer(options: ServerOptions): TsboxServer {
         spec: undefined,
       };
     }),
-    platform: unary<ControllerPlatformRequest, ControllerPlatformResponse>('Platform', (req, _ctx, ns) => {
+    unary<ControllerPlatformRequest, ControllerPlatformResponse>(ControllerService.platform, 'Platform', (req, _ctx, ns) => {
       const platform = controller.platform(ns, req.sandboxId);
       return { platform: { os: platform.os, architecture: platform.architecture, variant: platform.variant, osVersion: '' } };
     }),
-    stop: unary<ControllerStopRequest, ControllerStopResponse>('Stop', async (req, ctx, ns) => {
+    unary<ControllerStopRequest, ControllerStopResponse>(ControllerService.stop, 'Stop', async (req, ctx, ns) => {
       await controller.stop(ns, req.sandboxId, req.timeoutSecs, ctx.signal);
       return {};
     }),
-    wait: unary<ControllerWaitRequest, ControllerWaitResponse>('Wait', async (req, ctx, ns) => {
+    unary<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', async (req, ctx, ns) => {
       const exit = await controller.wait(ns, req.sandboxId, ctx.signal);
       return { exitStatus: exit.status, exitedAt: exit.exitedAt };
     }),
-    status: unary<ControllerStatusRequest, ControllerStatusResponse>('Status', (req, _ctx, ns) => {
+    unary<ControllerStatusRequest, ControllerStatusResponse>(ControllerService.status, 'Status', (req, _ctx, ns) => {
       const status = controller.status(ns, req.sandboxId, req.verbose);
       return {
         sandboxId: req.sandboxId,
@@ -160,11 +174,11 @@ export function createServer(options: ServerOptions): TsboxServer {
         version: 0,
       };
     }),
-    shutdown: unary<ControllerShutdownRequest, ControllerShutdownResponse>('Shutdown', async (req, ctx, ns) => {
+    unary<ControllerShutdownRequest, ControllerShutdownResponse>(ControllerService.shutdown, 'Shutdown', async (req, ctx, ns) => {
       await controller.shutdown(ns, req.sandboxId, ctx.signal);
       return {};
     }),
-    metrics: unary<ControllerMetricsRequest, ControllerMetricsResponse>('Metrics', async (req, _ctx, ns) => {
+    unary<ControllerMetricsRequest, ControllerMetricsResponse>(ControllerService.metrics, 'Metrics', async (req, _ctx, ns) => {
       const data = await controller.metrics(ns, req.sandboxId);
       const ms = Date.now();
       return {
@@ -175,7 +189,7 @@ export function createServer(options: ServerOptions): TsboxServer {
         },
       };
     }),
-    update: unary<ControllerUpdateRequest, ControllerUpdateResponse>('Update', async (req, _ctx, ns) => {
+    unary<ControllerUpdateRequest, ControllerUpdateResponse>(ControllerService.update, 'Update', async (req, _ctx, ns) => {
       // containerd never fills Update's sandboxer (SPEC.md section 2): it is not checked.
       await controller.update(ns, req.sandboxId, {
         labels: req.sandbox?.labels ?? {},
@@ -184,31 +198,35 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       return {};
     }),
-  };
+  ]);
 
-  const server = new Server({
-    'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
-    'grpc.max_send_message_length': MAX_MESSAGE_BYTES,
-    // Channelz bookkeeping costs on every call and nobody reads it here.
-    'grpc.enable_channelz': 0,
-  });
-  server.addService(ControllerService, implementation);
+  const server = new GrpcH2Server(
+    (call) => {
+      const method = methods.get(call.method);
+      if (method !== undefined) method.serve(call);
+      else call.fail(12, `unknown method ${call.method}`);
+    },
+    {
+      maxMessageBytes: MAX_MESSAGE_BYTES,
+      onConnectionError: (err) => log.debug({ err }, 'connection error'),
+    },
+  );
   let socket: { remove(): Promise<void> } | undefined;
 
   return {
     async listen() {
       await prepareSocketPath(options.socketPath);
-      await new Promise<void>((resolve, reject) => {
-        server.bindAsync(`unix:${options.socketPath}`, ServerCredentials.createInsecure(), (err) => {
-          if (err === null) resolve();
-          else reject(new TsboxError('Unavailable', `cannot listen on ${options.socketPath}: ${err.message}`, { cause: err }));
-        });
-      });
+      try {
+        await server.listen(options.socketPath);
+      } catch (err) {
+        throw new TsboxError('Unavailable', `cannot listen on ${options.socketPath}: ${messageOf(err)}`, { cause: err });
+      }
       socket = await claimSocket(options.socketPath, options.socketMode);
       log.info({ socket: options.socketPath, mode: options.socketMode.toString(8) }, 'listening');
     },
     async close(drainMs) {
       log.info({ inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
+      server.stopAccepting();
       registry.close(new TsboxError('Unavailable', 'tsbox is shutting down; retry'));
       if (inFlight > 0) {
         await new Promise<void>((resolve) => {
@@ -220,7 +238,7 @@ export function createServer(options: ServerOptions): TsboxServer {
         });
       }
       if (inFlight > 0) log.warn({ inFlight }, 'drain time is over; closing connections');
-      server.forceShutdown();
+      server.destroy();
       await socket?.remove();
       log.info('server closed');
     },
