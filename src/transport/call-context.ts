@@ -41,6 +41,8 @@ export class CallRegistry {
 export class CallContext {
   readonly #call: GrpcCall;
   readonly #registry: CallRegistry;
+  /** The containerd-namespace metadata value, if any. */
+  readonly namespace: string | undefined;
   #controller: AbortController | undefined;
   #timer: NodeJS.Timeout | undefined;
   #onCancel: (() => void) | undefined;
@@ -48,11 +50,7 @@ export class CallContext {
   constructor(call: GrpcCall, registry: CallRegistry) {
     this.#call = call;
     this.#registry = registry;
-  }
-
-  /** The containerd-namespace metadata value, if any. */
-  get namespace(): string | undefined {
-    return this.#call.header(NAMESPACE_KEY);
+    this.namespace = call.header(NAMESPACE_KEY);
   }
 
   get signal(): AbortSignal {

@@ -40,11 +40,11 @@ export const GrpcCode = {
 export interface GrpcCall {
   /** The method path, e.g. /containerd.services.sandbox.v1.Controller/Status. */
   readonly method: string;
-  /** The request message, without gRPC framing. */
+  /** The request message, without gRPC framing; only while the handler is first called. */
   readonly message: Buffer;
   /** Absolute deadline in ms since the epoch, or Infinity. */
   readonly deadline: number;
-  /** A request header (lowercase name). */
+  /** A request header (lowercase name); only while the handler is first called. */
   header(name: string): string | undefined;
   /** Calls `listener` once if the client cancels or the connection goes away before an answer. */
   onCancel(listener: () => void): void;
@@ -69,6 +69,8 @@ const STREAM_WINDOW = 4 << 20;
 const CONNECTION_WINDOW = MAX_WINDOW;
 const MAX_FRAME_RECEIVED = 1 << 20;
 
+const NO_HEADERS: Header[] = [];
+const EMPTY = Buffer.alloc(0);
 const TIMEOUT_UNITS: Readonly<Record<string, number>> = { H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 1e-3, n: 1e-6 };
 
 /** grpc-timeout (e.g. "100m") to an absolute deadline in ms. */
@@ -408,6 +410,9 @@ class Connection {
     }
     stream.message = body.subarray(5);
     this.server.handler(stream);
+    // A call may stay pending for a pod's whole life: keep only what it still needs.
+    stream.headers = NO_HEADERS;
+    stream.message = EMPTY;
   }
 
   #onSettings(flags: number, streamId: number, payload: Buffer): void {
