@@ -68,6 +68,10 @@ const RESPONSE_HEADERS: Header[] = [
 const STREAM_WINDOW = 4 << 20;
 const CONNECTION_WINDOW = MAX_WINDOW;
 const MAX_FRAME_RECEIVED = 1 << 20;
+// Request header blocks are small (a gRPC call sends about ten fields); a bigger one is refused.
+const MAX_HEADER_BLOCK = 64 << 10;
+// Error messages go out in a header block: long ones are cut.
+const MAX_ERROR_MESSAGE = 4096;
 
 const NO_HEADERS: Header[] = [];
 const EMPTY = Buffer.alloc(0);
@@ -166,7 +170,7 @@ class Connection {
   #lastStreamId = 0;
   #goAwayId: number | undefined;
   /** A header block split over CONTINUATION frames. */
-  #block: { streamId: number; chunks: Buffer[]; endStream: boolean } | undefined;
+  #block: { streamId: number; chunks: Buffer[]; size: number; endStream: boolean } | undefined;
   #out: Buffer[] = [];
   #flushScheduled = false;
   #blocked = new Set<Stream>();
@@ -187,6 +191,7 @@ class Connection {
         [Setting.InitialWindowSize, STREAM_WINDOW],
         [Setting.MaxFrameSize, MAX_FRAME_RECEIVED],
         [Setting.EnablePush, 0],
+        [Setting.MaxHeaderListSize, MAX_HEADER_BLOCK],
       ]),
     );
     this.#send(windowUpdateFrame(0, CONNECTION_WINDOW - DEFAULT_WINDOW));
@@ -222,11 +227,12 @@ class Connection {
     let buf = this.#buffer === undefined ? chunk : Buffer.concat([this.#buffer, chunk]);
     this.#buffer = undefined;
     if (!this.#prefaceSeen) {
-      if (buf.length < PREFACE.length) {
+      const seen = Math.min(buf.length, PREFACE.length);
+      if (buf.length < PREFACE.length && buf.equals(PREFACE.subarray(0, seen))) {
         this.#buffer = buf;
         return;
       }
-      if (!buf.subarray(0, PREFACE.length).equals(PREFACE)) {
+      if (!buf.subarray(0, seen).equals(PREFACE.subarray(0, seen)) || buf.length < PREFACE.length) {
         this.closed = true;
         this.socket.destroy();
         return;
@@ -287,6 +293,9 @@ class Connection {
         this.#onWindowUpdate(streamId, payload);
         break;
       case FrameType.GoAway:
+        // The client gives up on the connection after an error: so do we.
+        if (payload.length >= 8 && payload.readUInt32BE(4) !== ErrorCode.NoError) this.destroy();
+        break;
       case FrameType.Priority:
         break;
       case FrameType.PushPromise:
@@ -316,7 +325,8 @@ class Connection {
     const fragment = payload.subarray(start, end);
     const endStream = (flags & Flag.EndStream) !== 0;
     if (flags & Flag.EndHeaders) this.#onHeaderBlock(streamId, fragment, endStream);
-    else this.#block = { streamId, chunks: [Buffer.from(fragment)], endStream };
+    else if (fragment.length > MAX_HEADER_BLOCK) this.#protocolError('header block too large', ErrorCode.EnhanceYourCalm);
+    else this.#block = { streamId, chunks: [Buffer.from(fragment)], size: fragment.length, endStream };
   }
 
   #onContinuation(flags: number, streamId: number, payload: Buffer): void {
@@ -326,6 +336,11 @@ class Connection {
       return;
     }
     block.chunks.push(Buffer.from(payload));
+    block.size += payload.length;
+    if (block.size > MAX_HEADER_BLOCK) {
+      this.#protocolError('header block too large', ErrorCode.EnhanceYourCalm);
+      return;
+    }
     if (flags & Flag.EndHeaders) {
       this.#block = undefined;
       this.#onHeaderBlock(streamId, Buffer.concat(block.chunks), block.endStream);
@@ -368,7 +383,14 @@ class Connection {
     const stream = this.streams.get(streamId);
     if (stream === undefined || stream.remoteClosed) return;
     let data = payload;
-    if (flags & Flag.Padded) data = payload.subarray(1, payload.length - (payload[0] ?? 0));
+    if (flags & Flag.Padded) {
+      const pad = payload[0] ?? 0;
+      if (payload.length === 0 || pad >= payload.length) {
+        this.#protocolError('DATA padding longer than the frame');
+        return;
+      }
+      data = payload.subarray(1, payload.length - pad);
+    }
     stream.recvConsumed += payload.length;
     if (!stream.tooLarge) {
       stream.size += data.length;
@@ -416,8 +438,12 @@ class Connection {
   }
 
   #onSettings(flags: number, streamId: number, payload: Buffer): void {
-    if (streamId !== 0 || payload.length % 6 !== 0) {
-      this.#protocolError('bad SETTINGS', ErrorCode.FrameSizeError);
+    if (streamId !== 0) {
+      this.#protocolError('SETTINGS on a stream');
+      return;
+    }
+    if (payload.length % 6 !== 0 || ((flags & Flag.Ack) !== 0 && payload.length !== 0)) {
+      this.#protocolError('SETTINGS of wrong size', ErrorCode.FrameSizeError);
       return;
     }
     if (flags & Flag.Ack) return;
@@ -433,6 +459,10 @@ class Connection {
         this.peerInitialWindow = value;
         for (const stream of this.streams.values()) stream.sendWindow += delta;
       } else if (id === Setting.MaxFrameSize) {
+        if (value < DEFAULT_MAX_FRAME || value > 0xffffff) {
+          this.#protocolError('MAX_FRAME_SIZE out of range');
+          return;
+        }
         this.#peerMaxFrame = value;
       }
     }
@@ -446,12 +476,33 @@ class Connection {
       return;
     }
     const increment = payload.readUInt32BE(0) & 0x7fffffff;
+    if (increment === 0) {
+      if (streamId === 0) this.#protocolError('WINDOW_UPDATE of 0');
+      else this.#send(rstStreamFrame(streamId, ErrorCode.ProtocolError));
+      return;
+    }
     if (streamId === 0) this.#sendWindow += increment;
     else {
       const stream = this.streams.get(streamId);
       if (stream !== undefined) stream.sendWindow += increment;
     }
     this.#drainBlocked();
+  }
+
+  /** A header block as HEADERS plus CONTINUATION frames that fit the peer's max frame size. */
+  #sendHeaders(streamId: number, block: Buffer, endStream: boolean): void {
+    const end = endStream ? Flag.EndStream : 0;
+    if (block.length <= this.#peerMaxFrame) {
+      this.#send(frame(FrameType.Headers, Flag.EndHeaders | end, streamId, block));
+      return;
+    }
+    let offset = this.#peerMaxFrame;
+    this.#send(frame(FrameType.Headers, end, streamId, block.subarray(0, offset)));
+    while (offset < block.length) {
+      const next = Math.min(block.length, offset + this.#peerMaxFrame);
+      this.#send(frame(FrameType.Continuation, next === block.length ? Flag.EndHeaders : 0, streamId, block.subarray(offset, next)));
+      offset = next;
+    }
   }
 
   sendResponse(stream: Stream, message: Uint8Array): void {
@@ -469,9 +520,9 @@ class Connection {
     const block = this.#encoder.encode([
       ...RESPONSE_HEADERS,
       ['grpc-status', String(code)],
-      ['grpc-message', encodeGrpcMessage(message)],
+      ['grpc-message', encodeGrpcMessage(message.length > MAX_ERROR_MESSAGE ? `${message.slice(0, MAX_ERROR_MESSAGE)}…` : message)],
     ]);
-    this.#send(frame(FrameType.Headers, Flag.EndHeaders | Flag.EndStream, stream.id, block));
+    this.#sendHeaders(stream.id, block, true);
     this.#finish(stream);
   }
 
