@@ -7,7 +7,7 @@ import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { ProcessBackend } from './runtime/process-backend.js';
-import { FsRecordStore } from './state/fs-store.js';
+import { JournaledRecordStore } from './state/journaled-store.js';
 import { stateLayout } from './state/layout.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
@@ -60,10 +60,15 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   const backend = await createBackend(config, logger);
+  // Records: group-committed to a journal (one fdatasync for every change that arrives
+  // during the previous one), each also written to its record file before it is answered.
+  const store = new JournaledRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }), {
+    writeThrough: true,
+  });
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,
-    store: new FsRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' })),
+    store,
     logger: logger.child({ component: 'controller' }),
     platform: hostPlatform(),
     stateDir: config.stateDir,
@@ -75,12 +80,14 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
     await server.listen();
   } catch (err) {
     controller.close();
+    await store.close();
     throw err;
   }
   return {
     async stop() {
       await server.close(config.shutdownDrainMs);
       controller.close();
+      await store.close();
       logger.info('tsbox stopped; sandboxes keep running');
     },
   };
