@@ -1,3 +1,4 @@
+import { rmdirSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, rmdir, unlink, writeFile, type FileHandle } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
@@ -25,11 +26,13 @@ export interface JournaledStoreOptions {
    */
   readonly applyDelayMs?: number;
   /**
-   * save() resolves only once its record file is written too (temp + rename; durable
-   * through the journal until the next checkpoint), so the file never trails an answered
-   * RPC. Implies no apply delay. Default false.
+   * Which saves resolve only once their record file is written too (temp + rename; durable
+   * through the journal until the next checkpoint): 'always' (no apply delay at all),
+   * 'first' (a sandbox's first save, so that its directory and record exist before the
+   * RPC that created it is answered; later saves follow after the apply delay), or
+   * 'never'. Default 'never'.
    */
-  readonly writeThrough?: boolean;
+  readonly writeThrough?: 'always' | 'first' | 'never';
   /** Makes journal lines durable; default `handle.datasync()`. */
   readonly datasync?: (handle: FileHandle) => Promise<void>;
   /** Makes a file or directory durable; default `handle.sync()`. */
@@ -146,7 +149,7 @@ export class JournaledRecordStore implements RecordStore {
   readonly #syncLimit: Limit;
   readonly #intervalMs: number;
   readonly #applyDelayMs: number;
-  readonly #writeThrough: boolean;
+  readonly #writeThrough: 'always' | 'first' | 'never';
   /** Sandboxes whose saves wait in the apply delay window. */
   #deferred: KeyState[] = [];
   #applyTimer: NodeJS.Timeout | undefined;
@@ -174,8 +177,8 @@ export class JournaledRecordStore implements RecordStore {
     this.#applyLimit = new Limit(Math.max(1, options.applyConcurrency ?? 8));
     this.#syncLimit = new Limit(Math.max(1, options.syncConcurrency ?? 4));
     this.#intervalMs = options.checkpointIntervalMs ?? 30_000;
-    this.#writeThrough = options.writeThrough ?? false;
-    this.#applyDelayMs = this.#writeThrough ? 0 : options.applyDelayMs ?? 20;
+    this.#writeThrough = options.writeThrough ?? 'never';
+    this.#applyDelayMs = this.#writeThrough === 'always' ? 0 : options.applyDelayMs ?? 20;
     this.#journal = new Journal<Change>({
       root: layout.root,
       logger,
@@ -191,11 +194,18 @@ export class JournaledRecordStore implements RecordStore {
   save(record: SandboxRecord): Promise<void> {
     if (this.#closed) return Promise.reject(new Error('the record store is closed'));
     const json = JSON.stringify(record);
-    const applied = this.#writeThrough ? deferred() : undefined;
+    const applied = this.#writesThrough(record.namespace, record.id) ? deferred() : undefined;
     const change: Change = { op: 'save', namespace: record.namespace, id: record.id, json, applied };
     const durable = this.#journal.append(saveBody(json), change);
     void this.#start();
     return applied === undefined ? durable : durable.then(() => applied.promise);
+  }
+
+  #writesThrough(namespace: string, id: string): boolean {
+    if (this.#writeThrough !== 'first') return this.#writeThrough === 'always';
+    const ks = this.#keys.get(keyOf(namespace, id));
+    // No file written by this store yet (or its directory removed since).
+    return ks === undefined || ks.applied === undefined || ks.applied.op === 'remove';
   }
 
   async remove(namespace: string, id: string): Promise<void> {
@@ -396,7 +406,7 @@ export class JournaledRecordStore implements RecordStore {
       const ks = this.#keyState(change.namespace, change.id);
       ks.pending.push(change);
       dirty.add(ks.key);
-      if (change.op === 'remove' || this.#applyDelayMs <= 0) this.#scheduleApply(ks);
+      if (change.op === 'remove' || change.applied !== undefined || this.#applyDelayMs <= 0) this.#scheduleApply(ks);
       else if (!ks.deferred && !ks.scheduled) {
         ks.deferred = true;
         this.#deferred.push(ks);
@@ -498,6 +508,19 @@ export class JournaledRecordStore implements RecordStore {
     ks.dirReady = false;
     const { dir } = ks;
     const takeAll = (path: string): Promise<void> => rm(path, { recursive: true, force: true });
+    // Most often there is nothing (a short-lived sandbox whose saves were superseded before
+    // they were applied) or an empty directory: one syscall each.
+    try {
+      rmdirSync(dir);
+      try {
+        rmdirSync(dirname(dir));
+      } catch {
+        // other sandboxes of the namespace remain
+      }
+      return;
+    } catch (err) {
+      if (isMissing(err)) return;
+    }
     let names: string[] | undefined;
     try {
       names = await readdir(dir);

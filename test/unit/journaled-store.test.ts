@@ -630,7 +630,7 @@ describe('JournaledRecordStore', () => {
 describe('JournaledRecordStore with writeThrough (as the daemon runs it)', () => {
   test('a save resolves only once its record file holds it, also when saves of one sandbox pile up', async (t) => {
     const layout = await tempLayout(t);
-    const { store, flushes } = openStore(layout, { writeThrough: true });
+    const { store, flushes } = openStore(layout, { writeThrough: 'always' });
     await store.loadAll();
     const before = flushes();
     const saves = Array.from({ length: 20 }, (_, n) => record('k8s.io', `sb${n % 4}`, n));
@@ -648,5 +648,47 @@ describe('JournaledRecordStore with writeThrough (as the daemon runs it)', () =>
       assert.equal(onDisk.labels['n'], String(16 + id));
     }
     await store.close();
+  });
+});
+
+describe("JournaledRecordStore with writeThrough 'first' (as the daemon runs it)", () => {
+  test('a sandbox has its record file once its first save resolves; later saves reach it after the delay', async (t) => {
+    const layout = await tempLayout(t);
+    const { store } = openStore(layout, { writeThrough: 'first', applyDelayMs: 50 });
+    await store.loadAll();
+    const file = join(layout.sandboxDir('k8s.io', 'pod'), 'record.json');
+    const read = async (): Promise<string | undefined> =>
+      (JSON.parse(await readFile(file, 'utf8')) as SandboxRecord).labels['n'];
+    await store.save(record('k8s.io', 'pod', 1));
+    assert.equal(await read(), '1', 'written before the first save resolved');
+    await store.save(record('k8s.io', 'pod', 2));
+    await within(
+      (async () => {
+        while ((await read()) !== '2') await new Promise((r) => setTimeout(r, 10));
+      })(),
+      2000,
+      'the second save reaches the file',
+    );
+    // A sandbox removed and created again gets its file written through once more.
+    await store.remove('k8s.io', 'pod');
+    await assert.rejects(readFile(file), { code: 'ENOENT' });
+    await store.save(record('k8s.io', 'pod', 3));
+    assert.equal(await read(), '3');
+    await store.close();
+  });
+
+  test('a crash before a delayed save reached its file loses nothing', async (t) => {
+    const layout = await tempLayout(t);
+    const first = openStore(layout, { writeThrough: 'first', applyDelayMs: 60_000 });
+    await first.store.loadAll();
+    await first.store.save(record('k8s.io', 'pod', 1));
+    await first.store.save(record('k8s.io', 'pod', 2, { state: 'exited' }));
+    // Dropped without close(): the second save is only in the journal.
+    const second = openStore(layout);
+    const loaded = await second.store.loadAll();
+    assert.equal(loaded.records.length, 1);
+    assert.equal(loaded.records[0]?.labels['n'], '2');
+    assert.equal(loaded.records[0]?.state, 'exited');
+    await second.store.close();
   });
 });
