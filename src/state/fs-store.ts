@@ -47,7 +47,8 @@ export class FsRecordStore implements RecordStore {
           break;
         } catch (err) {
           // The namespace directory may vanish under us when its last other sandbox is removed.
-          if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 2) throw err;
+          const code = (err as NodeJS.ErrnoException).code;
+          if ((code !== 'ENOENT' && code !== 'ENOTDIR') || attempt >= 2) throw err;
         }
       }
       // A new directory must itself survive a crash: sync the directories its entry (and a
