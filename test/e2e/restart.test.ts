@@ -24,7 +24,7 @@ import {
   timestampMs,
 } from '../support/containerd-clients.js';
 import { type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
-import { cgroupDirsOfNamespace, existingCgroupDirs, killSandboxLeftovers } from '../support/crash-daemon.js';
+import { cgroupDirsOfNamespace, existingCgroupDirs, killSandboxLeftovers } from '../support/host.js';
 import { KILLED, OCI_SPEC_TYPE, exitOnTrigger } from '../support/crash-invariants.js';
 import { type SandboxerDaemon, processAlive, startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 

@@ -12,18 +12,15 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { CRASH_POINTS } from '../../src/controller/controller.js';
+import { type CrashDaemon, type TsboxClient, createCrashDaemon } from '../support/crash-daemon.js';
 import {
-  type CrashDaemon,
-  type TsboxClient,
-  createCrashDaemon,
   existingCgroupDirs,
   procInfo,
-  processAlive,
   readExitFile,
   readPidFile,
   sandboxProcesses,
   uniqueNamespace,
-} from '../support/crash-daemon.js';
+} from '../support/host.js';
 import {
   KILLED,
   type Observed,
@@ -39,7 +36,7 @@ import {
   readRecord,
 } from '../support/crash-invariants.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
-import { waitFor } from '../support/tsbox-daemon.js';
+import { processAlive, waitFor } from '../support/tsbox-daemon.js';
 
 /** Every daemon a test made, torn down in `after` whatever happened. */
 const daemons: CrashDaemon[] = [];

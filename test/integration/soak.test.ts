@@ -11,15 +11,13 @@ import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import path from 'node:path';
+import { type CrashDaemon, type TsboxClient, createCrashDaemon } from '../support/crash-daemon.js';
 import {
-  type CrashDaemon,
-  type TsboxClient,
   cgroupDirsOfNamespace,
-  createCrashDaemon,
   processesInNamespaceCgroups,
   supervisorsOfStateDir,
   uniqueNamespace,
-} from '../support/crash-daemon.js';
+} from '../support/host.js';
 import { KILLED, pauseSandbox } from '../support/crash-invariants.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { waitFor } from '../support/tsbox-daemon.js';

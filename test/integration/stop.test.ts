@@ -5,7 +5,8 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { type TsboxDaemon, startTsbox, uniqueNamespace } from '../support/daemon-process.js';
+import { type TsboxDaemon, startTsbox } from '../support/daemon-process.js';
+import { uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { alive, createAndStart, delay, ociSpec, procExists, withLog } from './fixtures.js';
 

@@ -16,9 +16,8 @@ import type {
   DeepPartial,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Timestamp } from '../../src/gen/google/protobuf/timestamp.js';
+import type { CrashDaemon, TsboxClient } from './crash-daemon.js';
 import {
-  type CrashDaemon,
-  type TsboxClient,
   cgroupPathsOf,
   existingCgroupDirs,
   processesInNamespaceCgroups,
@@ -26,7 +25,7 @@ import {
   sandboxCgroupName,
   sandboxProcesses,
   supervisorsOfStateDir,
-} from './crash-daemon.js';
+} from './host.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from './grpc-client.js';
 import { waitFor } from './tsbox-daemon.js';
 

@@ -7,15 +7,15 @@
  * whatever is left of them (supervisors, sandbox processes, cgroups) is killed and removed.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync, rmdirSync } from 'node:fs';
+import { existsSync, readFileSync, rmdirSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { SandboxClient } from './grpc-client.js';
+import { cgroupDirsOfNamespace, killSandboxLeftovers, processStartTime } from './host.js';
 import {
   type ExitInfo,
   type ManagedProcess,
   createProcessTracker,
-  killAndReap,
   makeTempDir,
   processAlive,
   removeTree,
@@ -28,9 +28,19 @@ import {
 
 export { processAlive, tsboxMain };
 
-/** A namespace no other run uses, so that its cgroups and records can be found and removed. */
-export function uniqueNamespace(label: string): string {
-  return `${label}-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
+/** The environment variable that arms a crash point (read once by config.ts). */
+export const CRASH_ENV = 'TSBOX_CRASH_AT';
+
+/** Options of one run of the daemon. */
+export interface RunOptions {
+  /** Arms this crash point (TSBOX_CRASH_AT) for this run only. */
+  readonly crashAt?: string;
+}
+
+/** Options of a daemon for all its runs. */
+export interface TsboxOptions {
+  /** Closes the cached clients as soon as a run is stopped or killed, not only at the next start. */
+  readonly closeClientsOnExit?: boolean;
 }
 
 /** How a one-shot command ended. */
@@ -41,56 +51,6 @@ export interface CommandResult {
   readonly stderr: string;
   /** Wall time from spawn to exit. */
   readonly ms: number;
-}
-
-/** The start time of a process (field 22 of /proc/PID/stat), or undefined when it is gone. */
-export function processStartTime(pid: number): string | undefined {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return text.slice(text.lastIndexOf(')') + 2).split(' ')[19];
-  } catch {
-    return undefined;
-  }
-}
-
-function parentPid(pid: number): number | undefined {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return Number(text.slice(text.lastIndexOf(')') + 2).split(' ')[1]);
-  } catch {
-    return undefined;
-  }
-}
-
-function cmdline(pid: number): string[] {
-  try {
-    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
-  } catch {
-    return [];
-  }
-}
-
-function allPids(): number[] {
-  return readdirSync('/proc')
-    .filter((name) => /^\d+$/.test(name))
-    .map(Number);
-}
-
-/** Mount points of the cgroup v1 hierarchies and the v2 one. */
-export function cgroupMounts(): string[] {
-  const out: string[] = [];
-  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const [left, right] = line.split(' - ');
-    const mountPoint = left?.split(' ')[4];
-    const type = right?.split(' ')[0];
-    if (mountPoint !== undefined && (type === 'cgroup' || type === 'cgroup2')) out.push(mountPoint);
-  }
-  return out;
-}
-
-/** Every cgroup directory tsbox may have made for a sandbox (default parent `tsbox`). */
-export function sandboxCgroupDirs(namespace: string, id: string): string[] {
-  return cgroupMounts().map((mount) => path.join(mount, 'tsbox', `${namespace}@${id}`));
 }
 
 /** A tsbox daemon with a private temp dir, socket and state dir. */
@@ -105,7 +65,7 @@ export interface TsboxDaemon {
   /** The arguments after `main.js` that start this daemon. */
   serveArgs(): string[];
   /** Starts the daemon and waits until its socket accepts connections. */
-  start(): Promise<void>;
+  start(options?: RunOptions): Promise<void>;
   /** SIGTERM to the daemon; SIGKILL to its process group after `graceMs`. */
   stop(graceMs?: number): Promise<ExitInfo & { graceful: boolean }>;
   /** SIGKILL to the daemon only: a crash, which leaves its socket file behind. */
@@ -119,21 +79,30 @@ export interface TsboxDaemon {
   client(namespace: string): SandboxClient;
   /** A client of its own, closed at teardown. */
   newClient(namespace: string): SandboxClient;
-  /** Remembers a sandbox (and its pid, once started) so that teardown removes it. */
-  track(namespace: string, id: string, pid?: number): void;
+  /**
+   * Remembers a namespace (its cgroups are removed at teardown), a sandbox of it (shut down
+   * through the API at teardown) and, once known, a pid (killed at teardown).
+   */
+  track(namespace: string, id?: string, pid?: number): void;
   /** Runs `node main.js ...args` to its exit (killed after `timeoutMs`). */
   run(args: readonly string[], timeoutMs?: number): Promise<CommandResult>;
   /** `<state>/sandboxes/<ns>/<id>`. */
   sandboxDir(namespace: string, id: string): string;
+  /** The whole log of every run so far. */
+  logText(): string;
   /** Last lines of the daemon log, for failure messages. */
   logTail(lines?: number): string;
-  /** Shuts down the tracked sandboxes, stops the daemon, kills and removes what is left. */
-  teardown(): Promise<void>;
+  /**
+   * Shuts down the tracked sandboxes, stops the daemon, kills every process of every sandbox
+   * of this state dir and of the tracked namespaces, removes their cgroups and the temp dir.
+   * Resolves with the pids it had to kill. Safe to call more than once.
+   */
+  teardown(): Promise<number[]>;
 }
 
 /** Creates the temp dir and starts tsbox; call `teardown()` in an after-hook. */
-export async function startTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
-  const daemon = await createTsbox(label);
+export async function startTsbox(label = 'tsbox-it', options: TsboxOptions = {}): Promise<TsboxDaemon> {
+  const daemon = await createTsbox(label, options);
   try {
     await daemon.start();
   } catch (err) {
@@ -144,7 +113,7 @@ export async function startTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
 }
 
 /** Like {@link startTsbox}, without starting it. */
-export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
+export async function createTsbox(label = 'tsbox-it', options: TsboxOptions = {}): Promise<TsboxDaemon> {
   if (!existsSync(tsboxMain)) throw new Error(`${tsboxMain} not found: run npm run build first`);
   const dir = await makeTempDir(`${label}-`);
   const socketPath = path.join(dir, 'tsbox.sock');
@@ -152,7 +121,9 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
   const logPath = path.join(dir, 'tsbox.log');
   await mkdir(stateDir, { recursive: true });
   const tracker = createProcessTracker(dir);
-  const sandboxes = new Map<string, { namespace: string; id: string; pids: Map<number, string> }>();
+  const namespaces = new Set<string>();
+  const sandboxes = new Map<string, { namespace: string; id: string }>();
+  const pids = new Map<number, string>();
   let clients = new Map<string, SandboxClient>();
   const ownClients: SandboxClient[] = [];
   let current: ManagedProcess | undefined;
@@ -161,6 +132,9 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
   const closeClients = (): void => {
     for (const client of clients.values()) client.close();
     clients = new Map();
+  };
+  const closeClientsOnExit = (): void => {
+    if (options.closeClientsOnExit === true) closeClients();
   };
 
   const logTail = (lines = 40): string => `--- tsbox log (${logPath}) ---\n${tailFile(logPath, lines)}`;
@@ -175,54 +149,6 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
     'debug',
   ];
 
-  /** Kills every supervisor of this state dir and its sandbox process, and what it tracked. */
-  const killSandboxProcesses = async (): Promise<number[]> => {
-    const victims = new Set<number>();
-    for (const { pids } of sandboxes.values()) {
-      for (const [pid, startTime] of pids) if (processStartTime(pid) === startTime && processAlive(pid)) victims.add(pid);
-    }
-    const prefix = `${stateDir}${path.sep}`;
-    const pids = allPids();
-    const supervisors = pids.filter((pid) => pid !== process.pid && cmdline(pid).some((arg) => arg.startsWith(prefix)));
-    for (const pid of pids) {
-      const parent = parentPid(pid);
-      if (parent !== undefined && supervisors.includes(parent)) victims.add(pid);
-    }
-    for (const pid of supervisors) victims.add(pid);
-    const alive = [...victims].filter(processAlive);
-    for (const pid of alive) {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // not a group leader, or already gone: the pid itself is killed below
-      }
-    }
-    if (alive.length > 0) await killAndReap(alive);
-    return alive;
-  };
-
-  const removeCgroups = (): void => {
-    const namespaces = new Set([...sandboxes.values()].map((s) => s.namespace));
-    for (const mount of cgroupMounts()) {
-      const parent = path.join(mount, 'tsbox');
-      let names: string[];
-      try {
-        names = readdirSync(parent);
-      } catch {
-        continue;
-      }
-      for (const name of names) {
-        const ns = name.slice(0, name.indexOf('@'));
-        if (!name.includes('@') || !namespaces.has(ns)) continue;
-        try {
-          rmdirSync(path.join(parent, name));
-        } catch (err) {
-          process.stderr.write(`# cannot remove cgroup ${path.join(parent, name)}: ${(err as Error).message}\n`);
-        }
-      }
-    }
-  };
-
   const daemon: TsboxDaemon = {
     dir,
     socketPath,
@@ -232,15 +158,19 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
       return current !== undefined && current.exitInfo() === undefined ? current.pid : undefined;
     },
     serveArgs,
-    async start() {
+    async start(runOptions = {}) {
       if (tornDown) throw new Error('tsbox daemon was torn down');
       if (daemon.pid !== undefined) throw new Error('tsbox is already running');
       closeClients();
-      current = await spawnLogged(process.execPath, serveArgs(), { logPath, env: tracker.env(), cwd: dir });
+      const env: NodeJS.ProcessEnv = { ...process.env };
+      delete env[CRASH_ENV];
+      if (runOptions.crashAt !== undefined) env[CRASH_ENV] = runOptions.crashAt;
+      current = await spawnLogged(process.execPath, serveArgs(), { logPath, env: tracker.env(env), cwd: dir });
       tracker.addLeader(current.pid);
       await waitForSocket(current, socketPath, { name: 'tsbox', logTail, timeoutMs: 20_000 });
     },
     async stop(graceMs = 10_000) {
+      closeClientsOnExit();
       if (current === undefined) return { code: null, signal: null, graceful: true };
       tracker.snapshot();
       return stopProcess(current, { graceMs });
@@ -253,7 +183,9 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
       } catch {
         // already gone
       }
-      return current.exited;
+      const exit = await current.exited;
+      closeClientsOnExit();
+      return exit;
     },
     exited() {
       if (current === undefined) throw new Error('tsbox was never started');
@@ -273,15 +205,11 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
       return client;
     },
     track(namespace, id, pid) {
-      const key = `${namespace}/${id}`;
-      let entry = sandboxes.get(key);
-      if (entry === undefined) {
-        entry = { namespace, id, pids: new Map() };
-        sandboxes.set(key, entry);
-      }
+      namespaces.add(namespace);
+      if (id !== undefined) sandboxes.set(`${namespace}/${id}`, { namespace, id });
       if (pid !== undefined && pid > 0) {
         const startTime = processStartTime(pid);
-        if (startTime !== undefined) entry.pids.set(pid, startTime);
+        if (startTime !== undefined) pids.set(pid, startTime);
       }
     },
     run(args, timeoutMs = 20_000) {
@@ -310,11 +238,19 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
       });
     },
     sandboxDir: (namespace, id) => path.join(stateDir, 'sandboxes', namespace, id),
+    logText() {
+      try {
+        return readFileSync(logPath, 'utf8');
+      } catch {
+        return '';
+      }
+    },
     logTail,
     async teardown() {
-      if (tornDown) return;
+      if (tornDown) return [];
       tornDown = true;
       const problems: string[] = [];
+      const killed: number[] = [];
       try {
         if (daemon.pid !== undefined) {
           for (const { namespace, id } of sandboxes.values()) {
@@ -328,12 +264,27 @@ export async function createTsbox(label = 'tsbox-it'): Promise<TsboxDaemon> {
         closeClients();
         for (const client of ownClients) client.close();
         await daemon.stop().catch((err: unknown) => problems.push(`stop: ${(err as Error).message}`));
-        const killed = [...(await killSandboxProcesses()), ...(await tracker.killLeftovers())];
-        if (killed.length > 0) process.stderr.write(`# tsbox teardown: killed leftover processes ${killed.join(', ')}\n`);
-        removeCgroups();
+        killed.push(
+          ...(await killSandboxLeftovers(stateDir, [...namespaces], pids).catch((err: unknown) => {
+            problems.push(`kill: ${(err as Error).message}`);
+            return [] as number[];
+          })),
+        );
+        killed.push(...(await tracker.killLeftovers()));
+        for (const ns of namespaces) {
+          for (const cgroup of cgroupDirsOfNamespace(ns)) {
+            try {
+              rmdirSync(cgroup);
+            } catch (err) {
+              problems.push(`cannot remove cgroup ${cgroup}: ${(err as Error).message}`);
+            }
+          }
+        }
         if (process.env['TSBOX_IT_KEEP'] !== '1') await removeTree(dir);
+        if (killed.length > 0) process.stderr.write(`# tsbox teardown: killed leftover processes ${killed.join(', ')}\n`);
         if (problems.length > 0) process.stderr.write(`# tsbox teardown: ${problems.join('; ')}\n`);
       }
+      return killed;
     },
   };
   return daemon;
