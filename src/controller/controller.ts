@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import { TsboxError } from '../errors.js';
+import { systemClock, type Clock } from './clock.js';
 import { ExitSignal } from './exit-signal.js';
 import { deriveLaunchSpec, type CreateInput } from './launch-spec.js';
 import { SerialQueue } from './serial-queue.js';
@@ -46,13 +47,7 @@ export interface UpdateRequest {
   readonly fields: readonly string[];
 }
 
-/** Clock, injectable for tests. */
-export type Clock = () => Timestamp;
-
-export const systemClock: Clock = () => {
-  const ms = Date.now();
-  return { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
-};
+export { systemClock, type Clock };
 
 /** The status a sandbox reports when its exit cannot be known (containerd's convention). */
 export const UNKNOWN_EXIT_STATUS = 255;

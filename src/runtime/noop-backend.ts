@@ -1,3 +1,4 @@
+import { systemClock } from '../controller/clock.js';
 import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend } from '../controller/types.js';
 import { TsboxError } from '../errors.js';
 
@@ -17,10 +18,9 @@ class NoopSandbox implements RunningSandbox {
 
   end(): void {
     if (this.#exit !== undefined) return;
-    const ms = Date.now();
     this.#exit = {
       status: KILLED,
-      exitedAt: { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 },
+      exitedAt: systemClock(),
       reason: 'stopped (no process)',
     };
     this.#listener?.(this.#exit);

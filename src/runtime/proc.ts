@@ -1,11 +1,14 @@
 import { readFile } from 'node:fs/promises';
 
-/**
- * The start time of a process (field 22 of /proc/PID/stat, in clock ticks since boot), or
- * undefined when no such process exists. A pid is trusted only together with this value:
- * after a restart the same pid may belong to another process.
- */
-export async function processStartTime(pid: number): Promise<string | undefined> {
+/** What tsbox reads of /proc/PID/stat. */
+export interface ProcessStat {
+  readonly parent: number;
+  /** Field 22, in clock ticks since boot. */
+  readonly startTime: string;
+}
+
+/** The parent and start time of a live process, or undefined (no such process, or a zombie). */
+export async function processStat(pid: number): Promise<ProcessStat | undefined> {
   if (!Number.isInteger(pid) || pid <= 0) return undefined;
   let stat: string;
   try {
@@ -15,9 +18,18 @@ export async function processStartTime(pid: number): Promise<string | undefined>
   }
   // The command name (field 2) is in parentheses and may contain spaces or ')'.
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  // fields[0] is field 3 (state); field 22 is fields[19]. A zombie has exited.
-  if (fields[0] === 'Z') return undefined;
-  return fields[19];
+  // fields[0] is field 3 (state), fields[1] field 4 (ppid), fields[19] field 22 (start time).
+  const startTime = fields[19];
+  if (fields[0] === 'Z' || startTime === undefined) return undefined;
+  return { parent: Number(fields[1]), startTime };
+}
+
+/**
+ * The start time of a process, or undefined when no such process exists. A pid is trusted
+ * only together with this value: after a restart the same pid may belong to another process.
+ */
+export async function processStartTime(pid: number): Promise<string | undefined> {
+  return (await processStat(pid))?.startTime;
 }
 
 /** True when `pid` is alive and is the process that started at `startTime`. */

@@ -4,11 +4,12 @@ import { mkdir, readFile, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
-import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, Timestamp } from '../controller/types.js';
+import { systemClock } from '../controller/clock.js';
+import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend } from '../controller/types.js';
 import { TsboxError, messageOf } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import type { CgroupManager } from './cgroups.js';
-import { isSameProcess, processStartTime, signalGroup } from './proc.js';
+import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
 
 /** What the process backend records to find a sandbox again: pids with their start times. */
 const handleSchema = z.object({
@@ -32,10 +33,7 @@ export interface ProcessBackendOptions {
 
 const UNKNOWN = 255;
 
-function now(): Timestamp {
-  const ms = Date.now();
-  return { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
-}
+const now = systemClock;
 
 /** Parses the supervisor's exit file: "<status> <seconds> <nanoseconds>". */
 export function parseExitFile(text: string): ExitInfo | undefined {
@@ -286,10 +284,8 @@ export class ProcessBackend implements RuntimeBackend {
     const text = await readFile(join(dir, 'pid'), 'utf8').catch(() => '');
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid !== handle.shimPid || pid === undefined) return undefined;
-    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-    const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-    const pidStart = await processStartTime(pid);
-    return ppid === shimPid && pidStart !== undefined ? { ...handle, pid, pidStart } : undefined;
+    const stat = await processStat(pid);
+    return stat?.parent === shimPid ? { ...handle, pid, pidStart: stat.startTime } : undefined;
   }
 
   async abandon(spec: LaunchSpec): Promise<void> {

@@ -1,11 +1,16 @@
-import { open, rename, unlink } from 'node:fs/promises';
+import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
 
-/** fsyncs a directory, so a rename or unlink in it survives a crash. */
-export async function syncDir(dir: string): Promise<void> {
-  const handle = await open(dir, 'r');
+/** How a file or directory is made durable; injectable so tests can count or stall it. */
+export type SyncFile = (handle: FileHandle, path: string) => Promise<void>;
+
+const fsync: SyncFile = (handle) => handle.sync();
+
+/** fsyncs a file or directory by path (a directory: so a rename or unlink in it survives a crash). */
+export async function syncPath(path: string, sync: SyncFile = fsync): Promise<void> {
+  const handle = await open(path, 'r');
   try {
-    await handle.sync();
+    await sync(handle, path);
   } finally {
     await handle.close();
   }
@@ -28,5 +33,5 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
   }
   await handle.close();
   await rename(temp, path);
-  await syncDir(dirname(path));
+  await syncPath(dirname(path));
 }

@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
 import { messageOf } from '../errors.js';
-import { syncDir, writeFileAtomic } from './atomic-file.js';
+import { syncPath, writeFileAtomic } from './atomic-file.js';
 import type { StateLayout } from './layout.js';
 import { recordSchema } from './record-schema.js';
 
@@ -55,8 +55,8 @@ export class FsRecordStore implements RecordStore {
       // new namespace directory's entry) were added to.
       if (created !== undefined) {
         const nsDir = join(dir, '..');
-        await syncDir(nsDir);
-        if (created !== dir) await syncDir(this.#layout.sandboxes);
+        await syncPath(nsDir);
+        if (created !== dir) await syncPath(this.#layout.sandboxes);
       }
     });
   }
@@ -68,7 +68,7 @@ export class FsRecordStore implements RecordStore {
       const nsDir = join(dir, '..');
       // The namespace directory goes with its last sandbox.
       await rmdir(nsDir).catch(() => undefined);
-      await syncDir(existsSync(nsDir) ? nsDir : this.#layout.sandboxes).catch(() => undefined);
+      await syncPath(existsSync(nsDir) ? nsDir : this.#layout.sandboxes).catch(() => undefined);
     });
   }
 
@@ -136,7 +136,7 @@ export class FsRecordStore implements RecordStore {
     const target = join(this.#layout.quarantine, `${namespace}@${id}.${Date.now()}${valid ? '.json' : ''}`);
     try {
       await rename(valid ? file : dir, target);
-      await syncDir(this.#layout.quarantine);
+      await syncPath(this.#layout.quarantine);
       this.#log.error({ file, movedTo: target, reason }, 'sandbox record quarantined: it cannot be read; the sandbox is not served');
       return valid;
     } catch (err) {

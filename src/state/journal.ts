@@ -1,4 +1,5 @@
 import { Buffer } from 'node:buffer';
+import { syncPath, type SyncFile } from './atomic-file.js';
 import { open, readFile, readdir, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as zlib from 'node:zlib';
@@ -164,17 +165,6 @@ export function decodeJournal(bytes: Uint8Array): DecodedJournal {
 
 // --- Files --------------------------------------------------------------------------------
 
-export type SyncFile = (handle: FileHandle, path: string) => Promise<void>;
-
-/** fsyncs a file or directory by path through `sync`. */
-export async function syncPath(path: string, sync: SyncFile): Promise<void> {
-  const handle = await open(path, 'r');
-  try {
-    await sync(handle, path);
-  } finally {
-    await handle.close();
-  }
-}
 
 export interface FoundJournals {
   /** Every journal file, oldest generation first, the active `journal` last. */

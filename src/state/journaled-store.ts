@@ -4,7 +4,8 @@ import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
 import { FsRecordStore } from './fs-store.js';
-import { JOURNAL_FILE, Journal, readJournals, removeBody, saveBody, syncPath, type Committed, type SyncFile } from './journal.js';
+import { syncPath, type SyncFile } from './atomic-file.js';
+import { JOURNAL_FILE, Journal, readJournals, removeBody, saveBody, type Committed } from './journal.js';
 import type { StateLayout } from './layout.js';
 
 const RECORD_FILE = 'record.json';

@@ -9,10 +9,6 @@ export class CallRegistry {
   readonly #active = new Set<CallContext>();
   #closing: TsboxError | undefined;
 
-  get size(): number {
-    return this.#active.size;
-  }
-
   get closing(): TsboxError | undefined {
     return this.#closing;
   }

@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
 import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
 import type { AnyValue } from '../controller/types.js';
@@ -56,9 +57,6 @@ type Handler<Req, Res> = (request: Req, ctx: CallContext, namespace: string) => 
 
 const toAny = (any: AnyValue): Any => ({ typeUrl: any.typeUrl, value: Buffer.from(any.value) });
 
-function extensionsOf(map: { [key: string]: Any } | undefined): Record<string, AnyValue> {
-  return map ?? {};
-}
 
 /** Builds the server around the controller. */
 export function createServer(options: ServerOptions): TsboxServer {
@@ -69,10 +67,7 @@ export function createServer(options: ServerOptions): TsboxServer {
   let inFlight = 0;
   let drained: (() => void) | undefined;
 
-  interface Method {
-    readonly rpc: string;
-    readonly serve: (call: GrpcCall) => void;
-  }
+  type Method = (call: GrpcCall) => void;
 
   /** Wraps a handler: decode, validate, run, encode; errors become statuses. */
   function unary<Req extends { sandboxId: string }, Res>(
@@ -120,7 +115,7 @@ export function createServer(options: ServerOptions): TsboxServer {
         reply(err);
       }
     };
-    return [definition.path, { rpc, serve }];
+    return [definition.path, serve];
   }
 
   const methods = new Map<string, Method>([
@@ -130,7 +125,7 @@ export function createServer(options: ServerOptions): TsboxServer {
         netnsPath: req.netnsPath,
         options: req.options,
         spec: sandbox?.spec,
-        extensions: extensionsOf(sandbox?.extensions),
+        extensions: sandbox?.extensions ?? {},
         labels: sandbox?.labels ?? {},
         annotations: req.annotations,
       });
@@ -180,10 +175,9 @@ export function createServer(options: ServerOptions): TsboxServer {
     }),
     unary<ControllerMetricsRequest, ControllerMetricsResponse>(ControllerService.metrics, 'Metrics', async (req, _ctx, ns) => {
       const data = await controller.metrics(ns, req.sandboxId);
-      const ms = Date.now();
       return {
         metrics: {
-          timestamp: { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 },
+          timestamp: systemClock(),
           id: req.sandboxId,
           data: toAny(data),
         },
@@ -193,7 +187,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       // containerd never fills Update's sandboxer (SPEC.md section 2): it is not checked.
       await controller.update(ns, req.sandboxId, {
         labels: req.sandbox?.labels ?? {},
-        extensions: extensionsOf(req.sandbox?.extensions),
+        extensions: req.sandbox?.extensions ?? {},
         fields: req.fields,
       });
       return {};
@@ -203,7 +197,7 @@ export function createServer(options: ServerOptions): TsboxServer {
   const server = new GrpcH2Server(
     (call) => {
       const method = methods.get(call.method);
-      if (method !== undefined) method.serve(call);
+      if (method !== undefined) method(call);
       else call.fail(12, `unknown method ${call.method}`);
     },
     {
