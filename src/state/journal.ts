@@ -1,5 +1,5 @@
 import { Buffer } from 'node:buffer';
-import { syncPath, type SyncFile } from './atomic-file.js';
+import { syncPath, type SyncFile } from './sync.js';
 import { open, readFile, readdir, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as zlib from 'node:zlib';

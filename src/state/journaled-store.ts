@@ -3,8 +3,8 @@ import { mkdir, readdir, rename, rm, rmdir, unlink, writeFile, type FileHandle }
 import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
-import { FsRecordStore } from './fs-store.js';
-import { syncPath, type SyncFile } from './atomic-file.js';
+import { RecordFiles } from './record-files.js';
+import { syncPath, type SyncFile } from './sync.js';
 import { JOURNAL_FILE, Journal, readJournals, removeBody, saveBody, type Committed } from './journal.js';
 import type { StateLayout } from './layout.js';
 
@@ -124,7 +124,7 @@ const isMissing = (err: unknown): boolean => codeOf(err) === 'ENOENT';
 
 /**
  * Records kept durable by a group-commit write-ahead journal (state/journal.ts) in front of
- * the same per-sandbox files FsRecordStore writes.
+ * the per-sandbox record files (state/record-files.ts reads them).
  *
  * - save()/remove() resolve once their journal line is durable: one write and one fdatasync
  *   cover every change that arrived while the previous flush was on disk.
@@ -136,14 +136,14 @@ const isMissing = (err: unknown): boolean => codeOf(err) === 'ENOENT';
  *   checkpointed in the background: the files and directories its changes touched are
  *   fsynced, then it is deleted.
  * - loadAll() replays the journals a crash left over the record files, makes the result
- *   durable, starts an empty journal, then reads the files exactly as FsRecordStore does
+ *   durable, starts an empty journal, then reads the files through RecordFiles
  *   (schema, quarantine, log lines). A record the journal holds heals a torn file.
  * - close() ends with a checkpoint: after a clean stop the record files alone hold the state.
  */
 export class JournaledRecordStore implements RecordStore {
   readonly #layout: StateLayout;
   readonly #log: Logger;
-  readonly #files: FsRecordStore;
+  readonly #files: RecordFiles;
   readonly #journal: Journal<Change>;
   readonly #fsync: SyncFile;
   readonly #applyLimit: Limit;
@@ -173,7 +173,7 @@ export class JournaledRecordStore implements RecordStore {
   constructor(layout: StateLayout, logger: Logger, options: JournaledStoreOptions = {}) {
     this.#layout = layout;
     this.#log = logger;
-    this.#files = new FsRecordStore(layout, logger);
+    this.#files = new RecordFiles(layout, logger);
     this.#fsync = options.fsync ?? ((handle) => handle.sync());
     this.#applyLimit = new Limit(Math.max(1, options.applyConcurrency ?? 8));
     this.#syncLimit = new Limit(Math.max(1, options.syncConcurrency ?? 4));

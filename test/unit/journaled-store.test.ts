@@ -2,7 +2,7 @@
 // change survives the loss of the record files the journal stands in front of, changes of a
 // sandbox keep their order across flushes and rotations, one fdatasync covers many changes,
 // a torn journal end is ignored and a damaged line in the middle is skipped and logged, and
-// unreadable records without journal entries are quarantined as FsRecordStore does.
+// unreadable records without journal entries are quarantined as RecordFiles does.
 import assert from 'node:assert/strict';
 import { appendFile, mkdir, mkdtemp, readFile, readdir, rm, stat, writeFile, type FileHandle } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { describe, test, type TestContext } from 'node:test';
 import { pino, type Logger } from 'pino';
 import type { SandboxRecord } from '../../src/controller/types.js';
-import { FsRecordStore } from '../../src/state/fs-store.js';
+import { RecordFiles } from '../../src/state/record-files.js';
 import { decodeJournal, decodeLine, encodeEntry } from '../../src/state/journal.js';
 import { JournaledRecordStore, type JournaledStoreOptions } from '../../src/state/journaled-store.js';
 import { stateLayout, type StateLayout } from '../../src/state/layout.js';
@@ -340,7 +340,7 @@ describe('JournaledRecordStore', () => {
     assert.ok(reopened.lines.some((l) => l.msg === 'journal replayed into the record files'));
     assert.equal((await stat(journalPath(layout))).size, 0);
     // And now the files alone carry the state.
-    assert.deepEqual(byKey((await new FsRecordStore(layout, capturingLogger().logger).loadAll()).records), expected);
+    assert.deepEqual(byKey((await new RecordFiles(layout, capturingLogger().logger).loadAll()).records), expected);
   });
 
   test('a torn final journal line is ignored: it was never acknowledged', async (t) => {
@@ -528,7 +528,7 @@ describe('JournaledRecordStore', () => {
     assert.deepEqual(again.map((r) => r.id).sort(), ['a', 'c']);
   });
 
-  test('unreadable records without journal entries are quarantined exactly as FsRecordStore does', async (t) => {
+  test('unreadable records without journal entries are quarantined exactly as RecordFiles does', async (t) => {
     const layout = await tempLayout(t);
     const { store, lines } = openStore(layout);
     await store.save(record('k8s.io', 'good1', 0));

@@ -1,7 +1,8 @@
-// Records on disk (STYLE.md convention 6): every record saved comes back as it was, the last
-// of concurrent saves wins with no temp file left over, removal takes the directories with
-// it, and an unreadable record is moved aside and logged, never a crash, while its valid
-// siblings load.
+// Records on disk (STYLE.md convention 6), through the store the daemon runs with every save
+// written through to its file: every record saved comes back as it was, the last of
+// concurrent saves wins with no temp file left over, removal takes the directories with it,
+// and an unreadable record file is moved aside and logged, never a crash, while its valid
+// siblings load (state/record-files.ts).
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -9,7 +10,7 @@ import { join } from 'node:path';
 import { describe, test, type TestContext } from 'node:test';
 import { pino, type Logger } from 'pino';
 import type { SandboxRecord } from '../../src/controller/types.js';
-import { FsRecordStore } from '../../src/state/fs-store.js';
+import { JournaledRecordStore } from '../../src/state/journaled-store.js';
 import { stateLayout, type StateLayout } from '../../src/state/layout.js';
 import { makeRecord } from '../support/fakes.js';
 
@@ -35,10 +36,12 @@ function capturingLogger(): { logger: Logger; lines: LogLine[] } {
   return { logger, lines };
 }
 
-async function storeIn(t: TestContext): Promise<{ store: FsRecordStore; layout: StateLayout; lines: LogLine[] }> {
+async function storeIn(t: TestContext): Promise<{ store: JournaledRecordStore; layout: StateLayout; lines: LogLine[] }> {
   const layout = stateLayout(await tempRoot(t));
   const { logger, lines } = capturingLogger();
-  return { store: new FsRecordStore(layout, logger), layout, lines };
+  const store = new JournaledRecordStore(layout, logger, { writeThrough: 'always', checkpointIntervalMs: 0 });
+  t.after(() => store.close().catch(() => undefined));
+  return { store, layout, lines };
 }
 
 const FULL: SandboxRecord = makeRecord({
@@ -60,7 +63,7 @@ const FULL: SandboxRecord = makeRecord({
   exit: { status: 137, exitedAt: { seconds: 1_700_000_020, nanos: 5 }, reason: 'killed' },
 });
 
-describe('FsRecordStore', () => {
+describe('record files', () => {
   test('a saved record loads back exactly', async (t) => {
     const { store } = await storeIn(t);
     const created = makeRecord({ namespace: 'default', id: 'plain', state: 'created' });

@@ -1,75 +1,27 @@
-import { existsSync } from 'node:fs';
-import { mkdir, readFile, readdir, rename, rm, rmdir } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
-import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
+import type { LoadedRecords, SandboxRecord } from '../controller/types.js';
 import { messageOf } from '../errors.js';
-import { syncPath, writeFileAtomic } from './atomic-file.js';
+import { syncPath } from './sync.js';
 import type { StateLayout } from './layout.js';
 import { recordSchema } from './record-schema.js';
 
 const RECORD_FILE = 'record.json';
 
 /**
- * Records on disk, one directory per sandbox, each written atomically. Writes of one
- * sandbox are chained so that the last save wins and two never share a temp file.
+ * The per-sandbox record files as they are on disk: read back through the zod schema, an
+ * unreadable one moved to quarantine/ with a log line. The journaled store writes them
+ * (state/journaled-store.ts) and reads them through this at start-up.
  */
-export class FsRecordStore implements RecordStore {
+export class RecordFiles {
   readonly #layout: StateLayout;
   readonly #log: Logger;
-  readonly #chains = new Map<string, Promise<void>>();
 
   constructor(layout: StateLayout, logger: Logger) {
     this.#layout = layout;
     this.#log = logger;
-  }
-
-  #chain(key: string, operation: () => Promise<void>): Promise<void> {
-    const previous = this.#chains.get(key) ?? Promise.resolve();
-    const current = previous.then(operation, operation);
-    this.#chains.set(key, current);
-    const forget = (): void => {
-      if (this.#chains.get(key) === current) this.#chains.delete(key);
-    };
-    current.then(forget, forget);
-    return current;
-  }
-
-  save(record: SandboxRecord): Promise<void> {
-    const dir = this.#layout.sandboxDir(record.namespace, record.id);
-    return this.#chain(dir, async () => {
-      let created: string | undefined;
-      for (let attempt = 0; ; attempt++) {
-        try {
-          created = await mkdir(dir, { recursive: true, mode: 0o700 });
-          await writeFileAtomic(join(dir, RECORD_FILE), JSON.stringify(record));
-          break;
-        } catch (err) {
-          // The namespace directory may vanish under us when its last other sandbox is removed.
-          const code = (err as NodeJS.ErrnoException).code;
-          if ((code !== 'ENOENT' && code !== 'ENOTDIR') || attempt >= 2) throw err;
-        }
-      }
-      // A new directory must itself survive a crash: sync the directories its entry (and a
-      // new namespace directory's entry) were added to.
-      if (created !== undefined) {
-        const nsDir = join(dir, '..');
-        await syncPath(nsDir);
-        if (created !== dir) await syncPath(this.#layout.sandboxes);
-      }
-    });
-  }
-
-  remove(namespace: string, id: string): Promise<void> {
-    const dir = this.#layout.sandboxDir(namespace, id);
-    return this.#chain(dir, async () => {
-      await rm(dir, { recursive: true, force: true });
-      const nsDir = join(dir, '..');
-      // The namespace directory goes with its last sandbox.
-      await rmdir(nsDir).catch(() => undefined);
-      await syncPath(existsSync(nsDir) ? nsDir : this.#layout.sandboxes).catch(() => undefined);
-    });
   }
 
   async loadAll(): Promise<LoadedRecords> {
