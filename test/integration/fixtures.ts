@@ -3,13 +3,13 @@
  * (SPEC.md section 2), and small checks on processes.
  */
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { BinaryReader, BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import type { DeepPartial, ControllerCreateRequest } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Any } from '../../src/gen/google/protobuf/any.js';
 import type { SandboxClient } from '../support/grpc-client.js';
 import type { TsboxDaemon } from '../support/daemon-process.js';
-import { waitFor } from '../support/tsbox-daemon.js';
+import { processAlive, waitFor } from '../support/tsbox-daemon.js';
 
 export { waitFor };
 
@@ -78,15 +78,7 @@ export function criCreateRequest(id: string, hostname: string): DeepPartial<Cont
 }
 
 /** True while /proc/<pid> exists and is not a zombie. */
-export function alive(pid: number): boolean {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const state = text.slice(text.lastIndexOf(')') + 2).split(' ')[0];
-    return state !== 'Z' && state !== 'X';
-  } catch {
-    return false;
-  }
-}
+export const alive = processAlive;
 
 /** `/proc/<pid>` exists at all (a zombie counts). */
 export function procExists(pid: number): boolean {
