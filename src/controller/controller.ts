@@ -47,7 +47,6 @@ export interface UpdateRequest {
   readonly fields: readonly string[];
 }
 
-
 /** The status a sandbox reports when its exit cannot be known (containerd's convention). */
 export const UNKNOWN_EXIT_STATUS = 255;
 
