@@ -61,15 +61,9 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   const backend = await createBackend(config, logger);
   // Records: every change is group-committed to a journal (one fdatasync for all the
-  // changes that arrive during the previous one) before the RPC is answered. A sandbox's
-  // directory and record file exist before its Create is answered; later changes reach the
-  // record file within a second (a sandbox that ends sooner needs no rewrite), and record
-  // files are fsynced at checkpoints. Rewriting a file through rename makes ext4 flush it,
-  // which is what the delay saves.
-  const store = new JournaledRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }), {
-    writeThrough: 'first',
-    applyDelayMs: 1000,
-  });
+  // changes that arrive during the previous one) before the RPC is answered; record files
+  // are written and fsynced at checkpoints, so a short-lived sandbox costs no file at all.
+  const store = new JournaledRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,

@@ -40,7 +40,7 @@ export function messageOf(err: unknown): string {
  * The error an aborted wait rejects with: the signal's reason when it is a TsboxError (the
  * transport sets Cancelled, DeadlineExceeded or Unavailable), else Cancelled.
  */
-export function abortError(signal: AbortSignal): TsboxError {
-  const reason: unknown = signal.reason;
+export function abortError(signal: { readonly reason: unknown }): TsboxError {
+  const reason = signal.reason;
   return reason instanceof TsboxError ? reason : new TsboxError('Cancelled', 'call cancelled');
 }

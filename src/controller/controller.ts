@@ -6,6 +6,7 @@ import { deriveLaunchSpec, type CreateInput } from './launch-spec.js';
 import { SerialQueue } from './serial-queue.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
 import type {
+  CallSignal,
   AnyValue,
   ExitInfo,
   HostPlatform,
@@ -320,7 +321,7 @@ export class Controller {
    * Stops the sandbox and returns once its exit is recorded (or the signal fires).
    * Unknown or already stopped: nothing to do. Never started: counts as exited.
    */
-  async stop(namespace: string, id: string, timeoutSeconds: number, signal: AbortSignal): Promise<void> {
+  async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
     await sandbox.queue.run(async () => {
@@ -353,7 +354,7 @@ export class Controller {
   }
 
   /** Blocks until the sandbox exits; the same answer every time. */
-  async wait(namespace: string, id: string, signal: AbortSignal): Promise<ExitInfo> {
+  async wait(namespace: string, id: string, signal: CallSignal): Promise<ExitInfo> {
     return this.#find(namespace, id).exit.wait(signal);
   }
 
@@ -399,7 +400,7 @@ export class Controller {
    * Deletes the sandbox from any state: stops it if it runs (answering its Waits), releases
    * everything, forgets the id. Unknown: nothing to do.
    */
-  async shutdown(namespace: string, id: string, signal: AbortSignal): Promise<void> {
+  async shutdown(namespace: string, id: string, signal: CallSignal): Promise<void> {
     const key = keyOf(namespace, id);
     const sandbox = this.#sandboxes.get(key);
     if (sandbox === undefined) return;

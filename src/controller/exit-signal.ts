@@ -1,5 +1,5 @@
 import { abortError } from '../errors.js';
-import type { ExitInfo } from './types.js';
+import type { CallSignal, ExitInfo } from './types.js';
 
 type Waiter = (exit: ExitInfo) => void;
 
@@ -32,14 +32,14 @@ export class ExitSignal {
   }
 
   /** Resolves with the exit; rejects with the abort reason when `signal` fires first. */
-  wait(signal?: AbortSignal): Promise<ExitInfo> {
+  wait(signal?: CallSignal): Promise<ExitInfo> {
     const exit = this.#exit;
     if (exit !== undefined) return Promise.resolve(exit);
     if (signal?.aborted === true) return Promise.reject(abortError(signal));
     return new Promise<ExitInfo>((resolve, reject) => {
       const onAbort = (): void => {
         this.#waiters.delete(waiter);
-        reject(abortError(signal as AbortSignal));
+        reject(abortError(signal as CallSignal));
       };
       const waiter: Waiter = (value) => {
         signal?.removeEventListener('abort', onAbort);

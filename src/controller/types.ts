@@ -113,6 +113,18 @@ export interface LoadedRecords {
 }
 
 /** Keeps records durable: a save has reached the disk when its promise resolves. */
+/**
+ * What the controller needs of a call's AbortSignal: whether and why it fired, and a way to
+ * hear it. An AbortSignal satisfies it; the transport passes a lighter object of its own
+ * (transport/call-context.ts), since a pod holds one Wait for its whole life.
+ */
+export interface CallSignal {
+  readonly aborted: boolean;
+  readonly reason: unknown;
+  addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }): void;
+  removeEventListener(type: 'abort', listener: () => void): void;
+}
+
 export interface RecordStore {
   save(record: SandboxRecord): Promise<void>;
   remove(namespace: string, id: string): Promise<void>;

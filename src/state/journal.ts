@@ -1,4 +1,5 @@
 import { Buffer } from 'node:buffer';
+import { writeSync } from 'node:fs';
 import { syncPath, type SyncFile } from './sync.js';
 import { open, readFile, readdir, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -420,11 +421,13 @@ export class Journal<T> {
     }
     const data = Buffer.from(text, 'utf8');
     try {
+      // Appending to the page cache takes microseconds: done here, it saves a round trip
+      // through the thread pool between the write and the fdatasync.
       let offset = 0;
       while (offset < data.length) {
-        const { bytesWritten } = await handle.write(data, offset, data.length - offset);
-        if (bytesWritten <= 0) throw new Error('the journal write made no progress');
-        offset += bytesWritten;
+        const written = writeSync(handle.fd, data, offset, data.length - offset);
+        if (written <= 0) throw new Error('the journal write made no progress');
+        offset += written;
       }
       await this.#opts.datasync(handle);
     } catch (err) {

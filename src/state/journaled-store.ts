@@ -1,4 +1,4 @@
-import { rmdirSync } from 'node:fs';
+import { existsSync, rmdirSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, rmdir, unlink, writeFile, type FileHandle } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
@@ -19,21 +19,8 @@ export interface JournaledStoreOptions {
   readonly checkpointIntervalMs?: number;
   /** fsyncs a checkpoint or a recovery runs at once. Default 4. */
   readonly syncConcurrency?: number;
-  /** Record files written (without fsync) at once after their changes are durable. Default 8. */
+  /** Record files a checkpoint writes at once. Default 8. */
   readonly applyConcurrency?: number;
-  /**
-   * How long a durable save waits before it is written to its record file, so that quick
-   * successive saves of a sandbox are written once. Removes are applied at once. Default 20 ms.
-   */
-  readonly applyDelayMs?: number;
-  /**
-   * Which saves resolve only once their record file is written too (temp + rename; durable
-   * through the journal until the next checkpoint): 'always' (no apply delay at all),
-   * 'first' (a sandbox's first save, so that its directory and record exist before the
-   * RPC that created it is answered; later saves follow after the apply delay), or
-   * 'never'. Default 'never'.
-   */
-  readonly writeThrough?: 'always' | 'first' | 'never';
   /** Makes journal lines durable; default `handle.datasync()`. */
   readonly datasync?: (handle: FileHandle) => Promise<void>;
   /** Makes a file or directory durable; default `handle.sync()`. */
@@ -42,38 +29,8 @@ export interface JournaledStoreOptions {
 
 /** A durable change, as the journal carries it and as it is applied to the record files. */
 type Change =
-  | {
-      readonly op: 'save';
-      readonly namespace: string;
-      readonly id: string;
-      readonly json: string;
-      /** With writeThrough: settled once the record file is written (or replaced by a later change). */
-      applied: Deferred | undefined;
-    }
-  | {
-      readonly op: 'remove';
-      readonly namespace: string;
-      readonly id: string;
-      /** Settled once the sandbox directory is gone; only for a remove() still waiting. */
-      applied: Deferred | undefined;
-    };
-
-interface Deferred {
-  readonly promise: Promise<void>;
-  readonly resolve: () => void;
-  readonly reject: (err: unknown) => void;
-}
-
-function deferred(): Deferred {
-  let resolve!: () => void;
-  let reject!: (err: unknown) => void;
-  const promise = new Promise<void>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  promise.catch(() => undefined);
-  return { promise, resolve, reject };
-}
+  | { readonly op: 'save'; readonly namespace: string; readonly id: string; readonly json: string }
+  | { readonly op: 'remove'; readonly namespace: string; readonly id: string };
 
 /** What the store knows of one sandbox's files between checkpoints. */
 interface KeyState {
@@ -81,14 +38,10 @@ interface KeyState {
   readonly namespace: string;
   readonly id: string;
   readonly dir: string;
-  /** Durable changes not yet applied to the files, in seq order. */
-  pending: Change[];
-  /** The last change applied: what the files show. */
+  /** The newest durable change the files do not show yet. */
+  pending: Change | undefined;
+  /** The newest change the files show (written, not necessarily durable). */
   applied: Change | undefined;
-  /** An apply job is queued that has not started yet. */
-  scheduled: boolean;
-  /** Waits in the apply delay window. */
-  deferred: boolean;
   /** The sandbox directory is known to exist. */
   dirReady: boolean;
   /** Jobs queued or running on this sandbox's files. */
@@ -127,14 +80,16 @@ const isMissing = (err: unknown): boolean => codeOf(err) === 'ENOENT';
  * the per-sandbox record files (state/record-files.ts reads them).
  *
  * - save()/remove() resolve once their journal line is durable: one write and one fdatasync
- *   cover every change that arrived while the previous flush was on disk.
- * - The change is then applied to `sandboxes/<ns>/<id>/record.json` (temp + rename, no
- *   fsync), after `applyDelayMs` so that quick successive saves are written once; a remove
- *   deletes the sandbox directory at once and resolves only when it is gone, as the runtime
- *   may create it again for a new sandbox of the same id.
+ *   cover every change that arrived while the previous flush was on disk. Between
+ *   checkpoints the journal alone holds a save: a sandbox that lives and goes within one
+ *   journal generation never costs a file, a directory or an fsync.
+ * - remove() also deletes the sandbox directory (whatever is in it, such as the runtime's
+ *   files) and its namespace directory once empty, before it resolves, as the runtime may
+ *   create it again for a new sandbox of the same id.
  * - A full journal is retired (renamed to journal.<n>; a new one takes changes at once) and
- *   checkpointed in the background: the files and directories its changes touched are
- *   fsynced, then it is deleted.
+ *   checkpointed in the background: the newest state of every sandbox it touched is written
+ *   to `sandboxes/<ns>/<id>/record.json` (temp + rename), fsynced with its directories, and
+ *   then the retired journal is deleted.
  * - loadAll() replays the journals a crash left over the record files, makes the result
  *   durable, starts an empty journal, then reads the files through RecordFiles
  *   (schema, quarantine, log lines). A record the journal holds heals a torn file.
@@ -149,14 +104,11 @@ export class JournaledRecordStore implements RecordStore {
   readonly #applyLimit: Limit;
   readonly #syncLimit: Limit;
   readonly #intervalMs: number;
-  readonly #applyDelayMs: number;
-  readonly #writeThrough: 'always' | 'first' | 'never';
-  /** Sandboxes whose saves wait in the apply delay window. */
-  #deferred: KeyState[] = [];
-  #applyTimer: NodeJS.Timeout | undefined;
   readonly #keys = new Map<string, KeyState>();
   /** Sandboxes changed in each journal generation not yet checkpointed. */
   readonly #dirty = new Map<number, Set<string>>();
+  /** Directories an entry was removed from since the last checkpoint. */
+  #removedFrom = new Set<string>();
   #started: Promise<void> | undefined;
   #closed = false;
   #closing: Promise<void> | undefined;
@@ -178,8 +130,6 @@ export class JournaledRecordStore implements RecordStore {
     this.#applyLimit = new Limit(Math.max(1, options.applyConcurrency ?? 8));
     this.#syncLimit = new Limit(Math.max(1, options.syncConcurrency ?? 4));
     this.#intervalMs = options.checkpointIntervalMs ?? 30_000;
-    this.#writeThrough = options.writeThrough ?? 'never';
-    this.#applyDelayMs = this.#writeThrough === 'always' ? 0 : options.applyDelayMs ?? 20;
     this.#journal = new Journal<Change>({
       root: layout.root,
       logger,
@@ -195,28 +145,28 @@ export class JournaledRecordStore implements RecordStore {
   save(record: SandboxRecord): Promise<void> {
     if (this.#closed) return Promise.reject(new Error('the record store is closed'));
     const json = JSON.stringify(record);
-    const applied = this.#writesThrough(record.namespace, record.id) ? deferred() : undefined;
-    const change: Change = { op: 'save', namespace: record.namespace, id: record.id, json, applied };
-    const durable = this.#journal.append(saveBody(json), change);
-    void this.#start();
-    return applied === undefined ? durable : durable.then(() => applied.promise);
-  }
-
-  #writesThrough(namespace: string, id: string): boolean {
-    if (this.#writeThrough !== 'first') return this.#writeThrough === 'always';
-    const ks = this.#keys.get(keyOf(namespace, id));
-    // No file written by this store yet (or its directory removed since).
-    return ks === undefined || ks.applied === undefined || ks.applied.op === 'remove';
+    const change: Change = { op: 'save', namespace: record.namespace, id: record.id, json };
+    if (this.#started === undefined) void this.#start();
+    return this.#journal.append(saveBody(json), change);
   }
 
   async remove(namespace: string, id: string): Promise<void> {
     if (this.#closed) throw new Error('the record store is closed');
-    const applied = deferred();
-    const change: Change = { op: 'remove', namespace, id, applied };
-    const durable = this.#journal.append(removeBody(namespace, id), change);
-    void this.#start();
-    await durable;
-    await applied.promise;
+    const change: Change = { op: 'remove', namespace, id };
+    if (this.#started === undefined) void this.#start();
+    await this.#journal.append(removeBody(namespace, id), change);
+    const ks = this.#keys.get(keyOf(namespace, id));
+    if (ks === undefined) return;
+    // A checkpoint took the change up meanwhile: done once its job is.
+    if (ks.pending !== change) return ks.tail;
+    if (ks.jobs === 0 && !ks.dirReady && !existsSync(ks.dir)) {
+      // Nothing on disk (a sandbox that lived within one journal generation, with no
+      // runtime files): the common case costs one stat.
+      ks.pending = undefined;
+      ks.applied = change;
+      return;
+    }
+    await this.#onKey(ks, this.#applyLimit, () => this.#applyPending(ks));
   }
 
   async loadAll(): Promise<LoadedRecords> {
@@ -249,10 +199,9 @@ export class JournaledRecordStore implements RecordStore {
     }
   }
 
-  /** Resolves once every durable change has reached the record files (not necessarily durably). */
+  /** Resolves once nothing is being written to the journal or the record files. */
   async settled(): Promise<void> {
     await this.#journal.idle();
-    this.#applyDeferred();
     await Promise.all([...this.#keys.values()].map((ks) => ks.tail));
   }
 
@@ -283,7 +232,6 @@ export class JournaledRecordStore implements RecordStore {
       }
       await this.settled();
     }
-    clearTimeout(this.#applyTimer);
     await this.#journal.close();
   }
 
@@ -315,8 +263,8 @@ export class JournaledRecordStore implements RecordStore {
     for (const entry of found.entries) {
       const change: Change =
         entry.op === 'save'
-          ? { op: 'save', namespace: entry.record.namespace, id: entry.record.id, json: JSON.stringify(entry.record), applied: undefined }
-          : { op: 'remove', namespace: entry.namespace, id: entry.id, applied: undefined };
+          ? { op: 'save', namespace: entry.record.namespace, id: entry.record.id, json: JSON.stringify(entry.record) }
+          : { op: 'remove', namespace: entry.namespace, id: entry.id };
       const key = keyOf(change.namespace, change.id);
       last.delete(key);
       last.set(key, change);
@@ -324,7 +272,7 @@ export class JournaledRecordStore implements RecordStore {
     const states: KeyState[] = [];
     for (const change of last.values()) {
       const ks = this.#keyState(change.namespace, change.id);
-      ks.pending.push(change);
+      ks.pending = change;
       states.push(ks);
     }
     if (states.length > 0) await this.#syncKeys(states, false);
@@ -369,10 +317,8 @@ export class JournaledRecordStore implements RecordStore {
         namespace,
         id,
         dir: this.#layout.sandboxDir(namespace, id),
-        pending: [],
+        pending: undefined,
         applied: undefined,
-        scheduled: false,
-        deferred: false,
         dirReady: false,
         jobs: 0,
         tail: Promise.resolve(),
@@ -405,80 +351,25 @@ export class JournaledRecordStore implements RecordStore {
     }
     for (const { item: change } of committed) {
       const ks = this.#keyState(change.namespace, change.id);
-      ks.pending.push(change);
+      ks.pending = change;
       dirty.add(ks.key);
-      if (change.op === 'remove' || change.applied !== undefined || this.#applyDelayMs <= 0) this.#scheduleApply(ks);
-      else if (!ks.deferred && !ks.scheduled) {
-        ks.deferred = true;
-        this.#deferred.push(ks);
-        if (this.#applyTimer === undefined) {
-          this.#applyTimer = setTimeout(() => this.#applyDeferred(), this.#applyDelayMs);
-          this.#applyTimer.unref();
-        }
-      }
     }
-  }
-
-  /** Ends the apply delay window: every sandbox waiting in it gets its apply job. */
-  #applyDeferred(): void {
-    clearTimeout(this.#applyTimer);
-    this.#applyTimer = undefined;
-    for (const ks of this.#deferred.splice(0)) {
-      ks.deferred = false;
-      if (ks.pending.length > 0) this.#scheduleApply(ks);
-    }
-  }
-
-  #scheduleApply(ks: KeyState): void {
-    if (ks.scheduled) return;
-    ks.scheduled = true;
-    this.#onKey(ks, this.#applyLimit, () => {
-      ks.scheduled = false;
-      return this.#applyPending(ks);
-    }).catch((err: unknown) => {
-      this.#log.error(
-        { ns: ks.namespace, id: ks.id, err },
-        'cannot apply a journaled change to the record files; the next checkpoint tries again',
-      );
-    });
   }
 
   /**
-   * Applies the sandbox's pending changes in order. A save followed by any later change is
-   * skipped (the later one replaces or deletes what it would write); removes always run. On
-   * failure the change and those after it stay pending.
+   * Brings the sandbox's files up to its newest durable change. On failure the change stays
+   * pending (unless a newer one replaced it meanwhile).
    */
   async #applyPending(ks: KeyState): Promise<void> {
-    const superseded: Deferred[] = [];
-    while (ks.pending.length > 0) {
-      const changes = ks.pending.splice(0);
-      for (let i = 0; i < changes.length; i++) {
-        const change = changes[i] as Change;
-        if (change.op === 'save' && i + 1 < changes.length) {
-          // A later change replaces what it would write: it is answered with that one.
-          if (change.applied !== undefined) superseded.push(change.applied);
-          change.applied = undefined;
-          continue;
-        }
-        try {
-          if (change.op === 'save') await this.#writeRecord(ks, change.json);
-          else await this.#removeDir(ks);
-        } catch (err) {
-          ks.pending.unshift(...changes.slice(i));
-          if (change.op === 'remove') change.applied?.reject(err);
-          // A save is durable in the journal: its caller is answered; the file follows at
-          // the next attempt or checkpoint.
-          else change.applied?.resolve();
-          change.applied = undefined;
-          for (const d of superseded.splice(0)) d.resolve();
-          throw err;
-        }
-        ks.applied = change;
-        change.applied?.resolve();
-        change.applied = undefined;
-        for (const d of superseded.splice(0)) d.resolve();
-      }
+    for (let change = ks.pending; change !== undefined; change = ks.pending) {
+      await this.#apply(ks, change);
+      if (ks.pending === change) ks.pending = undefined;
+      ks.applied = change;
     }
+  }
+
+  #apply(ks: KeyState, change: Change): Promise<void> {
+    return change.op === 'save' ? this.#writeRecord(ks, change.json) : this.#removeDir(ks);
   }
 
   /** record.json replaced atomically (temp + rename); not yet durable. */
@@ -508,13 +399,16 @@ export class JournaledRecordStore implements RecordStore {
   async #removeDir(ks: KeyState): Promise<void> {
     ks.dirReady = false;
     const { dir } = ks;
+    const parent = dirname(dir);
+    if (!existsSync(dir)) return;
+    this.#removedFrom.add(parent);
+    this.#removedFrom.add(this.#layout.sandboxes);
     const takeAll = (path: string): Promise<void> => rm(path, { recursive: true, force: true });
-    // Most often there is nothing (a short-lived sandbox whose saves were superseded before
-    // they were applied) or an empty directory: one syscall each.
+    // Most often an empty directory: one syscall.
     try {
       rmdirSync(dir);
       try {
-        rmdirSync(dirname(dir));
+        rmdirSync(parent);
       } catch {
         // other sandboxes of the namespace remain
       }
@@ -541,7 +435,7 @@ export class JournaledRecordStore implements RecordStore {
         if (!isMissing(err)) await takeAll(dir);
       });
     }
-    await rmdir(dirname(dir)).catch(() => undefined);
+    await rmdir(parent).catch(() => undefined);
   }
 
   // --- checkpoints ------------------------------------------------------------------------
@@ -605,8 +499,18 @@ export class JournaledRecordStore implements RecordStore {
    * At most `syncConcurrency` sandboxes at once.
    */
   async #syncKeys(states: readonly KeyState[], rewrite: boolean): Promise<void> {
-    const dirs = new Set<string>([this.#layout.sandboxes]);
-    const results = await Promise.allSettled(states.map((ks) => this.#syncLimit.run(() => this.#syncKey(ks, dirs, rewrite))));
+    const dirs = new Set<string>();
+    const results = await Promise.allSettled(
+      states.map(async (ks) => {
+        // Gone within the generations (removed, nothing on disk): nothing to write or sync.
+        if (!rewrite && ks.pending === undefined && ks.jobs === 0 && ks.applied?.op !== 'save') return;
+        await this.#syncKey(ks, dirs, rewrite);
+      }),
+    );
+    // Removals applied up to here are made durable by this checkpoint; later ones by the next.
+    const removedFrom = this.#removedFrom;
+    this.#removedFrom = new Set();
+    for (const dir of removedFrom) dirs.add(dir);
     const dirResults = await Promise.allSettled(
       [...dirs].map((dir) =>
         this.#syncLimit.run(() =>
@@ -617,7 +521,12 @@ export class JournaledRecordStore implements RecordStore {
         ),
       ),
     );
-    for (const result of [...results, ...dirResults]) if (result.status === 'rejected') throw result.reason;
+    for (const result of [...results, ...dirResults]) {
+      if (result.status === 'rejected') {
+        for (const dir of removedFrom) this.#removedFrom.add(dir);
+        throw result.reason;
+      }
+    }
   }
 
   /**
@@ -629,19 +538,16 @@ export class JournaledRecordStore implements RecordStore {
     const change = await this.#onKey(ks, this.#applyLimit, async () => {
       await this.#applyPending(ks);
       const applied = ks.applied;
-      if (rewrite && applied !== undefined) {
-        if (applied.op === 'save') await this.#writeRecord(ks, applied.json);
-        else await this.#removeDir(ks);
-      }
+      if (rewrite && applied !== undefined) await this.#apply(ks, applied);
       return applied;
     });
-    if (change === undefined) return;
+    if (change === undefined || change.op === 'remove') return;
+    dirs.add(this.#layout.sandboxes);
     dirs.add(dirname(ks.dir));
-    if (change.op === 'remove') return;
     dirs.add(ks.dir);
     const file = join(ks.dir, RECORD_FILE);
     try {
-      await syncPath(file, this.#fsync);
+      await this.#syncLimit.run(() => syncPath(file, this.#fsync));
     } catch (err) {
       if (!isMissing(err)) throw err;
       // Gone with a later remove (nothing to do), or deleted behind tsbox's back: the
@@ -651,13 +557,13 @@ export class JournaledRecordStore implements RecordStore {
         await this.#writeRecord(ks, change.json);
         return true;
       });
-      if (restored) await syncPath(file, this.#fsync);
+      if (restored) await this.#syncLimit.run(() => syncPath(file, this.#fsync));
     }
   }
 
   #forgetIfIdle(key: string): void {
     const ks = this.#keys.get(key);
-    if (ks === undefined || ks.jobs > 0 || ks.pending.length > 0) return;
+    if (ks === undefined || ks.jobs > 0 || ks.pending !== undefined) return;
     for (const dirty of this.#dirty.values()) if (dirty.has(key)) return;
     this.#keys.delete(key);
   }

@@ -9,13 +9,15 @@
  * exits with a chosen code once the test creates a trigger file.
  */
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import type {
   ControllerCreateRequest,
   ControllerWaitResponse,
   DeepPartial,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Timestamp } from '../../src/gen/google/protobuf/timestamp.js';
+import { decodeJournal } from '../../src/state/journal.js';
 import type { CrashDaemon, TsboxClient } from './crash-daemon.js';
 import {
   cgroupPathsOf,
@@ -28,6 +30,30 @@ import {
 } from './host.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from './grpc-client.js';
 import { waitFor } from './tsbox-daemon.js';
+
+/**
+ * Whether the state dir holds a record of (ns, id) that a restart would load: the newest
+ * journal entry of the sandbox is a save, or, with no journal entry, its record.json exists.
+ */
+export function hasDurableRecord(stateDir: string, ns: string, id: string): boolean {
+  // A journal retired between the listing and the read: list again.
+  for (let attempt = 0; ; attempt++) {
+    try {
+      let newest: { seq: number; saved: boolean } | undefined;
+      for (const name of readdirSync(stateDir)) {
+        if (!/^journal(\.\d+)?$/.test(name)) continue;
+        for (const entry of decodeJournal(readFileSync(join(stateDir, name))).entries) {
+          const [entryNs, entryId] = entry.op === 'save' ? [entry.record.namespace, entry.record.id] : [entry.namespace, entry.id];
+          if (entryNs !== ns || entryId !== id || (newest !== undefined && newest.seq > entry.seq)) continue;
+          newest = { seq: entry.seq, saved: entry.op === 'save' };
+        }
+      }
+      return newest?.saved ?? existsSync(join(stateDir, 'sandboxes', ns, id, 'record.json'));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 10) throw err;
+    }
+  }
+}
 
 /** Type URL of an OCI runtime spec as containerd sends it (SPEC.md section 2). */
 export const OCI_SPEC_TYPE = 'types.containerd.io/opencontainers/runtime-spec/1/Spec';
@@ -145,7 +171,7 @@ export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Pr
     return { kind: 'gone' };
   }
   const info = parseInfo(status.info);
-  assert.ok(existsSync(`${dir}/record.json`), `a sandbox tsbox serves has its record at ${dir}/record.json`);
+  assert.ok(hasDurableRecord(d.stateDir, ns, id), `a sandbox tsbox serves has a durable record (journal or ${dir}/record.json)`);
   switch (status.state) {
     case 'SANDBOX_READY': {
       const { pid } = status;
@@ -196,7 +222,7 @@ export async function assertNoUnrecordedProcesses(d: CrashDaemon, namespaces: re
   for (const { pid, dir } of supervisorsOfStateDir(d.stateDir)) {
     const [ns, id] = dir.split('/').slice(-2) as [string, string];
     owners.set(`${ns}/${id}`, { ns, id });
-    assert.ok(existsSync(`${dir}/record.json`), `supervisor ${pid} runs for ${dir}, which has no record`);
+    assert.ok(hasDurableRecord(d.stateDir, ns, id), `supervisor ${pid} runs for ${dir}, which has no durable record`);
   }
   for (const ns of namespaces) {
     for (const pid of processesInNamespaceCgroups(ns)) {

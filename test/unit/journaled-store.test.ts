@@ -183,18 +183,19 @@ describe('JournaledRecordStore', () => {
     await store.loadAll();
     await Promise.all(Array.from({ length: 25 }, (_, i) => store.save(record('k8s.io', 'busy', i))));
     await store.settled();
-    const file = JSON.parse(await readFile(join(layout.sandboxDir('k8s.io', 'busy'), 'record.json'), 'utf8')) as SandboxRecord;
-    assert.deepEqual(file.labels, { n: '24' });
-    assert.deepEqual(await readdir(layout.sandboxDir('k8s.io', 'busy')), ['record.json'], 'no temp file left');
-    // The journal has all 25 in issue order.
+    // The journal has all 25 in issue order; until a checkpoint, no file.
     assert.deepEqual(
       (await journalEntries(layout)).map((e) => (e.op === 'save' ? e.record.labels.n : 'remove')),
       Array.from({ length: 25 }, (_, i) => String(i)),
     );
-    await rm(join(layout.sandboxDir('k8s.io', 'busy'), 'record.json'));
+    await assert.rejects(readdir(layout.sandboxDir('k8s.io', 'busy')), { code: 'ENOENT' });
+    // Crash now: the next start writes the last one.
     const { records } = await openStore(layout).store.loadAll();
     assert.equal(records.length, 1);
     assert.deepEqual(records[0]?.labels, { n: '24' });
+    const file = JSON.parse(await readFile(join(layout.sandboxDir('k8s.io', 'busy'), 'record.json'), 'utf8')) as SandboxRecord;
+    assert.deepEqual(file.labels, { n: '24' });
+    assert.deepEqual(await readdir(layout.sandboxDir('k8s.io', 'busy')), ['record.json'], 'no temp file left');
   });
 
   test('remove takes the sandbox directory, and its namespace directory once empty, before it resolves', async (t) => {
@@ -203,7 +204,7 @@ describe('JournaledRecordStore', () => {
     await store.loadAll();
     await store.save(record('k8s.io', 'one', 0));
     await store.save(record('k8s.io', 'two', 0));
-    await store.settled();
+    await store.checkpoint();
     await writeFile(join(layout.sandboxDir('k8s.io', 'one'), 'console.log'), 'left by the sandbox');
 
     await store.remove('k8s.io', 'one');
@@ -287,13 +288,12 @@ describe('JournaledRecordStore', () => {
       ['1:a0', '2:a1', '3:b0', '4:rm-a', '5:a2', '6:rm-b'],
     );
     await store.settled();
+    // Crash now: the replay gives each sandbox its last change.
+    const { records } = await openStore(layout).store.loadAll();
+    assert.deepEqual(records.map((r) => `${r.id}${r.labels.n}`), ['a2']);
     const file = JSON.parse(await readFile(join(layout.sandboxDir('k8s.io', 'a'), 'record.json'), 'utf8')) as SandboxRecord;
     assert.deepEqual(file.labels, { n: '2' });
     await assert.rejects(readdir(layout.sandboxDir('k8s.io', 'b')), { code: 'ENOENT' });
-
-    await rm(layout.sandboxes, { recursive: true });
-    const { records } = await openStore(layout).store.loadAll();
-    assert.deepEqual(records.map((r) => `${r.id}${r.labels.n}`), ['a2']);
   });
 
   test('crash before the record files reached the disk: a new store rebuilds them all from the journal', async (t) => {
@@ -301,11 +301,15 @@ describe('JournaledRecordStore', () => {
     const { store } = openStore(layout);
     await store.loadAll();
     const expected = new Map<string, SandboxRecord>();
+    const nsOf = (i: number): string => (i % 3 === 0 ? 'default' : 'k8s.io');
+    // Every sandbox has a record file from an earlier checkpoint ...
+    await Promise.all(Array.from({ length: 24 }, (_, i) => store.save(record(nsOf(i), `sb${i}`, 0))));
+    await store.checkpoint();
+    // ... and then changes that only the journal holds.
     await Promise.all(
       Array.from({ length: 24 }, async (_, i) => {
-        const ns = i % 3 === 0 ? 'default' : 'k8s.io';
+        const ns = nsOf(i);
         const id = `sb${i}`;
-        await store.save(record(ns, id, 0));
         await store.save(record(ns, id, 1, { state: 'running', pid: 100 + i, startedAt: { seconds: 1_700_000_100 + i, nanos: 0 } }));
         if (i % 4 === 0) await store.remove(ns, id);
         else expected.set(`${ns}/${id}`, record(ns, id, 1, { state: 'running', pid: 100 + i, startedAt: { seconds: 1_700_000_100 + i, nanos: 0 } }));
@@ -320,7 +324,7 @@ describe('JournaledRecordStore', () => {
       const file = join(layout.sandboxDir(ns, id), 'record.json');
       if (ns === 'default') continue;
       switch (n++ % 4) {
-        case 0: await rm(file); break;
+        case 0: await rm(file, { force: true }); break;
         case 1: await writeFile(file, (await readFile(file, 'utf8')).slice(0, 30)); break;
         case 2: await writeFile(file, ''); break;
         case 3: await rm(layout.sandboxDir(ns, id), { recursive: true }); break;
@@ -352,7 +356,7 @@ describe('JournaledRecordStore', () => {
     await store.settled();
     const ghost = encodeEntry({ seq: 3, op: 'save', record: record('k8s.io', 'ghost', 1) });
     await appendFile(journalPath(layout), ghost.slice(0, ghost.length - 20));
-    await rm(layout.sandboxDir('k8s.io', 'a'), { recursive: true });
+    await rm(layout.sandboxDir('k8s.io', 'a'), { recursive: true, force: true });
 
     const reopened = openStore(layout);
     const { records, quarantined } = await reopened.store.loadAll();
@@ -377,8 +381,8 @@ describe('JournaledRecordStore', () => {
     const lines = (await readFile(journalPath(layout), 'utf8')).split('\n');
     lines[1] = (lines[1] as string).replace('"n":"1"', '"n":"9"'); // valid JSON, wrong checksum
     await writeFile(journalPath(layout), lines.join('\n'));
-    await rm(layout.sandboxDir('k8s.io', 'a'), { recursive: true });
-    await rm(layout.sandboxDir('k8s.io', 'c'), { recursive: true });
+    await rm(layout.sandboxDir('k8s.io', 'a'), { recursive: true, force: true });
+    await rm(layout.sandboxDir('k8s.io', 'c'), { recursive: true, force: true });
 
     const reopened = openStore(layout);
     const { records } = await reopened.store.loadAll();
@@ -392,83 +396,80 @@ describe('JournaledRecordStore', () => {
     assert.match(error.reason ?? '', /checksum/);
   });
 
-  for (const applyDelayMs of [20, 0]) {
-    test(`rotation and checkpoints under concurrent changes lose nothing (apply delay ${applyDelayMs} ms)`, async (t) => {
-      const layout = await tempLayout(t);
-      let frozen = false;
-      let checkpointSyncs = 0;
-      const { store, lines } = openStore(
-        layout,
-        {
-          checkpointEntries: 5,
-          applyDelayMs,
-          fsync: async (handle: FileHandle, path: string) => {
-            if (path.startsWith(layout.sandboxes)) {
-              checkpointSyncs++;
-              // A checkpoint stuck on a slow disk: its fsyncs never finish.
-              if (frozen) {
-                stuck.push(handle);
-                await new Promise<never>(() => undefined);
-              }
+  test('rotation and checkpoints under concurrent changes lose nothing', async (t) => {
+    const layout = await tempLayout(t);
+    let frozen = false;
+    let checkpointSyncs = 0;
+    const { store, lines } = openStore(
+      layout,
+      {
+        checkpointEntries: 5,
+        fsync: async (handle: FileHandle, path: string) => {
+          if (path.startsWith(layout.sandboxes)) {
+            checkpointSyncs++;
+            // A checkpoint stuck on a slow disk: its fsyncs never finish.
+            if (frozen) {
+              stuck.push(handle);
+              await new Promise<never>(() => undefined);
             }
-            await handle.sync();
-          },
+          }
+          await handle.sync();
         },
-        'debug',
-      );
-      await store.loadAll();
-      const expected = new Map<string, SandboxRecord>();
-      /** One sandbox's life as the controller drives it: its changes one after another. */
-      const lifecycle = async (ns: string, id: string, n: number, removed: boolean): Promise<void> => {
-        await store.save(record(ns, id, n));
-        await store.save(record(ns, id, n, { state: 'running', pid: n }));
-        await store.save(record(ns, id, n, { state: 'exited', exit: { status: 0, exitedAt: { seconds: n, nanos: 0 }, reason: 'done' } }));
-        if (removed) {
-          await store.remove(ns, id);
-          expected.delete(`${ns}/${id}`);
-        } else {
-          expected.set(`${ns}/${id}`, record(ns, id, n, { state: 'exited', exit: { status: 0, exitedAt: { seconds: n, nanos: 0 }, reason: 'done' } }));
-        }
-      };
-
-      // Phase 1: many rotations, checkpoints running while saves go on.
-      await Promise.all(Array.from({ length: 40 }, (_, i) => lifecycle(`ns${i % 3}`, `sb${i}`, i, i % 3 === 0)));
-      await store.checkpoint();
-      assert.ok(lines.filter((l) => l.msg === 'checkpoint done').length >= 2, 'checkpoints ran');
-      assert.ok(checkpointSyncs > 0);
-      assert.deepEqual(await journalFiles(layout), ['journal'], 'every retired journal was deleted');
-      assert.equal((await stat(journalPath(layout))).size, 0);
-
-      // Phase 2: checkpoints hang; rotations go on and neither saves nor removes wait for them.
-      frozen = true;
-      const touched = new Set<string>();
-      await within(
-        Promise.all(
-          Array.from({ length: 40 }, (_, i) => {
-            const ns = `ns${i % 3}`;
-            const id = `sb${i + 20}`; // half of them lived in phase 1
-            touched.add(`${ns}/${id}`);
-            return lifecycle(ns, id, 1000 + i, i % 4 === 0);
-          }),
-        ),
-        10_000,
-        'changes while a checkpoint hangs',
-      );
-      await store.settled();
-      const retired = (await journalFiles(layout)).filter((name) => name !== 'journal');
-      assert.ok(retired.length >= 2, `several retired journals wait for their checkpoint: ${retired.join(' ')}`);
-
-      // Crash now. Whatever phase 2 wrote to the record files was never made durable: lose it all.
-      for (const key of touched) {
-        const [ns, id] = key.split('/') as [string, string];
-        await rm(layout.sandboxDir(ns, id), { recursive: true, force: true });
+      },
+      'debug',
+    );
+    await store.loadAll();
+    const expected = new Map<string, SandboxRecord>();
+    /** One sandbox's life as the controller drives it: its changes one after another. */
+    const lifecycle = async (ns: string, id: string, n: number, removed: boolean): Promise<void> => {
+      await store.save(record(ns, id, n));
+      await store.save(record(ns, id, n, { state: 'running', pid: n }));
+      await store.save(record(ns, id, n, { state: 'exited', exit: { status: 0, exitedAt: { seconds: n, nanos: 0 }, reason: 'done' } }));
+      if (removed) {
+        await store.remove(ns, id);
+        expected.delete(`${ns}/${id}`);
+      } else {
+        expected.set(`${ns}/${id}`, record(ns, id, n, { state: 'exited', exit: { status: 0, exitedAt: { seconds: n, nanos: 0 }, reason: 'done' } }));
       }
-      const { records, quarantined } = await openStore(layout).store.loadAll();
-      assert.deepEqual(quarantined, []);
-      assert.deepEqual(byKey(records), expected);
-      assert.deepEqual(await journalFiles(layout), ['journal']);
-    });
-  }
+    };
+
+    // Phase 1: many rotations, checkpoints running while saves go on.
+    await Promise.all(Array.from({ length: 40 }, (_, i) => lifecycle(`ns${i % 3}`, `sb${i}`, i, i % 3 === 0)));
+    await store.checkpoint();
+    assert.ok(lines.filter((l) => l.msg === 'checkpoint done').length >= 2, 'checkpoints ran');
+    assert.ok(checkpointSyncs > 0);
+    assert.deepEqual(await journalFiles(layout), ['journal'], 'every retired journal was deleted');
+    assert.equal((await stat(journalPath(layout))).size, 0);
+
+    // Phase 2: checkpoints hang; rotations go on and neither saves nor removes wait for them.
+    frozen = true;
+    const touched = new Set<string>();
+    await within(
+      Promise.all(
+        Array.from({ length: 40 }, (_, i) => {
+          const ns = `ns${i % 3}`;
+          const id = `sb${i + 20}`; // half of them lived in phase 1
+          touched.add(`${ns}/${id}`);
+          return lifecycle(ns, id, 1000 + i, i % 4 === 0);
+        }),
+      ),
+      10_000,
+      'changes while a checkpoint hangs',
+    );
+    await store.settled();
+    const retired = (await journalFiles(layout)).filter((name) => name !== 'journal');
+    assert.ok(retired.length >= 2, `several retired journals wait for their checkpoint: ${retired.join(' ')}`);
+
+    // Crash now. Whatever phase 2 wrote to the record files was never made durable: lose it all.
+    for (const key of touched) {
+      const [ns, id] = key.split('/') as [string, string];
+      await rm(layout.sandboxDir(ns, id), { recursive: true, force: true });
+    }
+    const { records, quarantined } = await openStore(layout).store.loadAll();
+    assert.deepEqual(quarantined, []);
+    assert.deepEqual(byKey(records), expected);
+    assert.deepEqual(await journalFiles(layout), ['journal']);
+  });
 
   test('a checkpoint waiting on the disk holds up neither saves nor removes of the sandboxes it covers', async (t) => {
     const layout = await tempLayout(t);
@@ -627,68 +628,57 @@ describe('JournaledRecordStore', () => {
   });
 });
 
-describe('JournaledRecordStore with writeThrough (as the daemon runs it)', () => {
-  test('a save resolves only once its record file holds it, also when saves of one sandbox pile up', async (t) => {
+describe('JournaledRecordStore between checkpoints (as the daemon runs it)', () => {
+  test('a sandbox that comes and goes within one journal generation never costs a file or an fsync', async (t) => {
     const layout = await tempLayout(t);
-    const { store, flushes } = openStore(layout, { writeThrough: 'always' });
+    const synced: string[] = [];
+    const { store, flushes } = openStore(layout, {
+      fsync: async (handle: FileHandle, path: string) => {
+        synced.push(path);
+        await handle.sync();
+      },
+    });
     await store.loadAll();
+    synced.length = 0;
     const before = flushes();
-    const saves = Array.from({ length: 20 }, (_, n) => record('k8s.io', `sb${n % 4}`, n));
     await Promise.all(
-      saves.map(async (r) => {
-        await store.save(r);
-        const onDisk = JSON.parse(await readFile(join(layout.sandboxDir(r.namespace, r.id), 'record.json'), 'utf8')) as SandboxRecord;
-        // The file holds this save or a later one of the same sandbox, never an earlier one.
-        assert.ok(Number(onDisk.labels['n']) >= Number(r.labels['n']), `${r.id}: file has n=${onDisk.labels['n']}, saved n=${r.labels['n']}`);
+      Array.from({ length: 20 }, async (_, n) => {
+        await store.save(record('k8s.io', `sb${n}`, 0));
+        await store.save(record('k8s.io', `sb${n}`, 1, { state: 'running', pid: 100 + n }));
+        await store.remove('k8s.io', `sb${n}`);
       }),
     );
-    assert.ok(flushes() - before < saves.length, `saves were group-committed (${flushes() - before} flushes)`);
-    for (let id = 0; id < 4; id++) {
-      const onDisk = JSON.parse(await readFile(join(layout.sandboxDir('k8s.io', `sb${id}`), 'record.json'), 'utf8')) as SandboxRecord;
-      assert.equal(onDisk.labels['n'], String(16 + id));
-    }
-    await store.close();
-  });
-});
-
-describe("JournaledRecordStore with writeThrough 'first' (as the daemon runs it)", () => {
-  test('a sandbox has its record file once its first save resolves; later saves reach it after the delay', async (t) => {
-    const layout = await tempLayout(t);
-    const { store } = openStore(layout, { writeThrough: 'first', applyDelayMs: 50 });
-    await store.loadAll();
-    const file = join(layout.sandboxDir('k8s.io', 'pod'), 'record.json');
-    const read = async (): Promise<string | undefined> =>
-      (JSON.parse(await readFile(file, 'utf8')) as SandboxRecord).labels['n'];
-    await store.save(record('k8s.io', 'pod', 1));
-    assert.equal(await read(), '1', 'written before the first save resolved');
-    await store.save(record('k8s.io', 'pod', 2));
-    await within(
-      (async () => {
-        while ((await read()) !== '2') await new Promise((r) => setTimeout(r, 10));
-      })(),
-      2000,
-      'the second save reaches the file',
+    assert.ok(flushes() - before < 60, `changes were group-committed (${flushes() - before} flushes for 60)`);
+    assert.deepEqual(await readdir(layout.sandboxes), [], 'no directory was made');
+    await store.checkpoint();
+    assert.deepEqual(
+      synced.filter((path) => path.startsWith(layout.sandboxes)),
+      [],
+      'the checkpoint had nothing of theirs to write or fsync',
     );
-    // A sandbox removed and created again gets its file written through once more.
-    await store.remove('k8s.io', 'pod');
-    await assert.rejects(readFile(file), { code: 'ENOENT' });
-    await store.save(record('k8s.io', 'pod', 3));
-    assert.equal(await read(), '3');
+    assert.deepEqual((await store.loadAll()).records, []);
     await store.close();
   });
 
-  test('a crash before a delayed save reached its file loses nothing', async (t) => {
+  test('a save reaches its record file at the next checkpoint, and a crash before it loses nothing', async (t) => {
     const layout = await tempLayout(t);
-    const first = openStore(layout, { writeThrough: 'first', applyDelayMs: 60_000 });
+    const first = openStore(layout);
     await first.store.loadAll();
+    const file = join(layout.sandboxDir('k8s.io', 'pod'), 'record.json');
+    const read = async (): Promise<string | undefined> => (JSON.parse(await readFile(file, 'utf8')) as SandboxRecord).labels['n'];
     await first.store.save(record('k8s.io', 'pod', 1));
+    await first.store.checkpoint();
+    assert.equal(await read(), '1');
     await first.store.save(record('k8s.io', 'pod', 2, { state: 'exited' }));
+    await first.store.settled();
+    assert.equal(await read(), '1', 'the file waits for the next checkpoint');
     // Dropped without close(): the second save is only in the journal.
     const second = openStore(layout);
     const loaded = await second.store.loadAll();
     assert.equal(loaded.records.length, 1);
     assert.equal(loaded.records[0]?.labels['n'], '2');
     assert.equal(loaded.records[0]?.state, 'exited');
+    assert.equal(await read(), '2', 'the replay wrote it');
     await second.store.close();
   });
 });

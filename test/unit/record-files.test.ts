@@ -1,5 +1,5 @@
-// Records on disk (STYLE.md convention 6), through the store the daemon runs with every save
-// written through to its file: every record saved comes back as it was, the last of
+// Records on disk (STYLE.md convention 6), through the store the daemon runs, each save
+// followed by a checkpoint so that it reaches its file: every record saved comes back as it was, the last of
 // concurrent saves wins with no temp file left over, removal takes the directories with it,
 // and an unreadable record file is moved aside and logged, never a crash, while its valid
 // siblings load (state/record-files.ts).
@@ -36,11 +36,26 @@ function capturingLogger(): { logger: Logger; lines: LogLine[] } {
   return { logger, lines };
 }
 
-async function storeIn(t: TestContext): Promise<{ store: JournaledRecordStore; layout: StateLayout; lines: LogLine[] }> {
+/** The store as these tests drive it: every save reaches its record file before it resolves. */
+interface WritingStore {
+  save(record: SandboxRecord): Promise<void>;
+  remove(namespace: string, id: string): Promise<void>;
+  loadAll: JournaledRecordStore['loadAll'];
+}
+
+async function storeIn(t: TestContext): Promise<{ store: WritingStore; layout: StateLayout; lines: LogLine[] }> {
   const layout = stateLayout(await tempRoot(t));
   const { logger, lines } = capturingLogger();
-  const store = new JournaledRecordStore(layout, logger, { writeThrough: 'always', checkpointIntervalMs: 0 });
-  t.after(() => store.close().catch(() => undefined));
+  const journaled = new JournaledRecordStore(layout, logger, { checkpointIntervalMs: 0 });
+  t.after(() => journaled.close().catch(() => undefined));
+  const store: WritingStore = {
+    async save(record) {
+      await journaled.save(record);
+      await journaled.checkpoint();
+    },
+    remove: (namespace, id) => journaled.remove(namespace, id),
+    loadAll: () => journaled.loadAll(),
+  };
   return { store, layout, lines };
 }
 

@@ -75,6 +75,8 @@ const MAX_ERROR_MESSAGE = 4096;
 
 const NO_HEADERS: Header[] = [];
 const EMPTY = Buffer.alloc(0);
+/** The chunks of a stream whose request is complete: nothing is added to it any more. */
+const NO_CHUNKS: Buffer[] = [];
 const TIMEOUT_UNITS: Readonly<Record<string, number>> = { H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 1e-3, n: 1e-6 };
 
 /** grpc-timeout (e.g. "100m") to an absolute deadline in ms. */
@@ -97,8 +99,8 @@ function encodeGrpcMessage(message: string): string {
 class Stream implements GrpcCall {
   method = '';
   deadline = Infinity;
-  message: Buffer = Buffer.alloc(0);
-  headers: Header[] = [];
+  message: Buffer = EMPTY;
+  headers: Header[] = NO_HEADERS;
   chunks: Buffer[] = [];
   size = 0;
   /** The client sent END_STREAM. */
@@ -111,7 +113,8 @@ class Stream implements GrpcCall {
   /** Response bytes waiting for flow-control window, then the trailers frame. */
   pending: Buffer | undefined;
   pendingTrailers: Buffer | undefined;
-  #cancel: (() => void)[] | undefined;
+  /** Cancel listeners: at most one in practice (the call's context). */
+  #cancel: (() => void) | (() => void)[] | undefined;
 
   constructor(
     readonly id: number,
@@ -126,12 +129,19 @@ class Stream implements GrpcCall {
   }
 
   onCancel(listener: () => void): void {
-    (this.#cancel ??= []).push(listener);
+    const current = this.#cancel;
+    if (current === undefined) this.#cancel = listener;
+    else if (typeof current === 'function') this.#cancel = [current, listener];
+    else current.push(listener);
   }
 
   offCancel(listener: () => void): void {
-    const i = this.#cancel?.indexOf(listener) ?? -1;
-    if (i >= 0) this.#cancel?.splice(i, 1);
+    const current = this.#cancel;
+    if (current === listener) this.#cancel = undefined;
+    else if (Array.isArray(current)) {
+      const i = current.indexOf(listener);
+      if (i >= 0) current.splice(i, 1);
+    }
   }
 
   cancelled(): void {
@@ -139,7 +149,8 @@ class Stream implements GrpcCall {
     this.answered = true;
     const listeners = this.#cancel;
     this.#cancel = undefined;
-    if (listeners !== undefined) for (const l of listeners) l();
+    if (typeof listeners === 'function') listeners();
+    else if (listeners !== undefined) for (const l of listeners) l();
   }
 
   respond(message: Uint8Array): void {
@@ -416,7 +427,7 @@ class Connection {
       return;
     }
     const body = stream.chunks.length === 1 ? (stream.chunks[0] as Buffer) : Buffer.concat(stream.chunks);
-    stream.chunks = [];
+    stream.chunks = NO_CHUNKS;
     if (body.length < 5) {
       stream.fail(GrpcCode.InvalidArgument, 'malformed request: no gRPC message');
       return;
