@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { TsboxError } from '../errors.js';
 import { systemClock, type Clock } from './clock.js';
-import { ExitSignal } from './exit-signal.js';
+import { ExitSignal, type ExitListener } from './exit-signal.js';
 import { deriveLaunchSpec, type CreateInput } from './launch-spec.js';
 import { SerialQueue } from './serial-queue.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
@@ -356,6 +356,14 @@ export class Controller {
   /** Blocks until the sandbox exits; the same answer every time. */
   async wait(namespace: string, id: string, signal: CallSignal): Promise<ExitInfo> {
     return this.#find(namespace, id).exit.wait(signal);
+  }
+
+  /**
+   * Wait for the transport, without promises: `done` is called once, with the exit or the
+   * abort error. Throws NotFound at once.
+   */
+  listen(namespace: string, id: string, signal: CallSignal, done: ExitListener): void {
+    this.#find(namespace, id).exit.listen(done, signal);
   }
 
   /** The sandbox's state; `info["info"]` (a JSON object) only when verbose. */

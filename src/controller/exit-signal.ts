@@ -1,12 +1,29 @@
-import { abortError } from '../errors.js';
+import { abortError, type TsboxError } from '../errors.js';
 import type { CallSignal, ExitInfo } from './types.js';
 
-type Waiter = (exit: ExitInfo) => void;
+/** Called once: with the exit, or with the abort error when the waiter's signal fired first. */
+export type ExitListener = (err: TsboxError | undefined, exit: ExitInfo | undefined) => void;
+
+/** A pending waiter; it is its own abort listener (no closure per waiter). */
+class Waiter {
+  constructor(
+    readonly owner: ExitSignal,
+    readonly done: ExitListener,
+    readonly signal: CallSignal | undefined,
+  ) {}
+
+  /** The signal fired first. */
+  handleEvent(): void {
+    if (!this.owner.forget(this)) return;
+    this.done(abortError(this.signal as CallSignal), undefined);
+  }
+}
 
 /**
  * The exit-waiter store of one sandbox. The exit is set once; every waiter, present or
  * late, gets that same value. A waiter whose signal aborts is removed at once, so abandoned
- * Waits leave nothing behind (no closure, no listener).
+ * Waits leave nothing behind (no closure, no listener). A pending waiter is one small object,
+ * which is also its abort listener: a pod holds a Wait for its whole life.
  */
 export class ExitSignal {
   #exit: ExitInfo | undefined;
@@ -26,27 +43,43 @@ export class ExitSignal {
   resolve(exit: ExitInfo): boolean {
     if (this.#exit !== undefined) return false;
     this.#exit = exit;
-    for (const waiter of this.#waiters) waiter(exit);
+    const waiters = [...this.#waiters];
     this.#waiters.clear();
+    for (const waiter of waiters) {
+      waiter.signal?.removeEventListener('abort', waiter);
+      waiter.done(undefined, exit);
+    }
     return true;
+  }
+
+  /** Takes a waiter out; false if it was not pending (already woken). */
+  forget(waiter: Waiter): boolean {
+    return this.#waiters.delete(waiter);
+  }
+
+  /**
+   * Calls `done` once with the exit (at once if it is known), or with the abort reason when
+   * `signal` fires first.
+   */
+  listen(done: ExitListener, signal?: CallSignal): void {
+    const exit = this.#exit;
+    if (exit !== undefined) {
+      done(undefined, exit);
+      return;
+    }
+    if (signal?.aborted === true) {
+      done(abortError(signal), undefined);
+      return;
+    }
+    const waiter = new Waiter(this, done, signal);
+    this.#waiters.add(waiter);
+    signal?.addEventListener('abort', waiter, { once: true });
   }
 
   /** Resolves with the exit; rejects with the abort reason when `signal` fires first. */
   wait(signal?: CallSignal): Promise<ExitInfo> {
-    const exit = this.#exit;
-    if (exit !== undefined) return Promise.resolve(exit);
-    if (signal?.aborted === true) return Promise.reject(abortError(signal));
     return new Promise<ExitInfo>((resolve, reject) => {
-      const onAbort = (): void => {
-        this.#waiters.delete(waiter);
-        reject(abortError(signal as CallSignal));
-      };
-      const waiter: Waiter = (value) => {
-        signal?.removeEventListener('abort', onAbort);
-        resolve(value);
-      };
-      this.#waiters.add(waiter);
-      signal?.addEventListener('abort', onAbort, { once: true });
+      this.listen((err, exit) => (err === undefined ? resolve(exit as ExitInfo) : reject(err)), signal);
     });
   }
 }

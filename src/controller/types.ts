@@ -121,9 +121,12 @@ export interface LoadedRecords {
 export interface CallSignal {
   readonly aborted: boolean;
   readonly reason: unknown;
-  addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }): void;
-  removeEventListener(type: 'abort', listener: () => void): void;
+  addEventListener(type: 'abort', listener: AbortListener, options?: { once?: boolean }): void;
+  removeEventListener(type: 'abort', listener: AbortListener): void;
 }
+
+/** A function, or an object whose handleEvent() is called (as EventTarget allows). */
+export type AbortListener = (() => void) | { handleEvent(): void };
 
 export interface RecordStore {
   save(record: SandboxRecord): Promise<void>;

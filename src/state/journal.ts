@@ -251,6 +251,14 @@ interface Queued<T> {
   readonly reject: (err: unknown) => void;
 }
 
+interface Flight {
+  /** Settles once the flush is answered: its appends resolved, or refused. */
+  readonly landed: Promise<void>;
+}
+
+/** At most this many flushes on disk at once: a batch that arrives while one is in flight starts the next. */
+const MAX_FLIGHTS = 2;
+
 interface Waiter {
   readonly resolve: () => void;
   readonly reject: (err: unknown) => void;
@@ -280,6 +288,12 @@ export class Journal<T> {
   #queue: Queued<T>[] = [];
   #running = false;
   #loop: Promise<void> = Promise.resolve();
+  /** Flushes whose fdatasync has not landed yet, oldest first. */
+  readonly #flights: Flight[] = [];
+  /** Wakes the writer waiting on a flush in flight when an append arrives. */
+  #wake: (() => void) | undefined;
+  /** Where the refused lines of a failed flush begin. */
+  #cutAt: number | undefined;
   readonly #retired: number[] = [];
 
   constructor(options: JournalOptions<T>) {
@@ -375,6 +389,9 @@ export class Journal<T> {
   }
 
   #kick(): void {
+    const wake = this.#wake;
+    this.#wake = undefined;
+    wake?.();
     if (this.#state !== 'open' || this.#running) return;
     this.#running = true;
     this.#loop = this.#run();
@@ -385,6 +402,9 @@ export class Journal<T> {
     await Promise.resolve();
     for (;;) {
       if (this.#handle === undefined || this.#broken || this.#rotateWanted) {
+        // Nothing may be in flight on a file that is renamed, truncated or closed.
+        await this.#landAll();
+        if (this.#broken) await this.#cutRefused();
         const waiters = this.#rotationWaiters.splice(0);
         try {
           await this.#rotate();
@@ -402,15 +422,37 @@ export class Journal<T> {
         // A rotation asked for meanwhile is done before anything else.
         continue;
       }
-      if (this.#queue.length === 0) {
+      const oldest = this.#flights[0];
+      if (this.#queue.length > 0 && this.#flights.length < MAX_FLIGHTS) {
+        this.#launch(this.#queue.splice(0));
+      } else if (oldest !== undefined) {
+        // Until the oldest flush lands, or (with room for another) until an append arrives.
+        if (this.#flights.length < MAX_FLIGHTS) {
+          await Promise.race([oldest.landed, new Promise<void>((resolve) => (this.#wake = resolve))]);
+          this.#wake = undefined;
+        } else {
+          await oldest.landed;
+        }
+      } else {
         this.#running = false;
         return;
       }
-      await this.#flush(this.#queue.splice(0));
     }
   }
 
-  async #flush(batch: Queued<T>[]): Promise<void> {
+  /** Resolves once every flush in flight has landed (succeeded or failed). */
+  async #landAll(): Promise<void> {
+    while (this.#flights.length > 0) await (this.#flights.at(-1) as Flight).landed;
+  }
+
+  /**
+   * Writes the batch at the end of the file (a page-cache copy: done here, it saves a round
+   * trip through the thread pool) and starts its fdatasync, while an earlier one may still be
+   * on disk: a change never waits for a flush it is not part of. Flushes land in order: a
+   * batch is answered only after every earlier one, and if one fails, every later one in
+   * flight is refused with it.
+   */
+  #launch(batch: Queued<T>[]): void {
     const handle = this.#handle as FileHandle;
     const committed: Committed<T>[] = [];
     let text = '';
@@ -420,39 +462,72 @@ export class Journal<T> {
       text += encodeLine(seq, queued.body);
     }
     const data = Buffer.from(text, 'utf8');
+    const start = this.#bytes;
+    const generation = this.#generation;
+    let synced: Promise<unknown>;
     try {
-      // Appending to the page cache takes microseconds: done here, it saves a round trip
-      // through the thread pool between the write and the fdatasync.
       let offset = 0;
       while (offset < data.length) {
-        const written = writeSync(handle.fd, data, offset, data.length - offset);
+        const written = writeSync(handle.fd, data, offset, data.length - offset, start + offset);
         if (written <= 0) throw new Error('the journal write made no progress');
         offset += written;
       }
-      await this.#opts.datasync(handle);
+      synced = this.#opts.datasync(handle).then(
+        () => undefined,
+        (err: unknown) => err ?? new Error('fdatasync failed'),
+      );
     } catch (err) {
-      // What reached the file is unknown (and after a failed fdatasync, so is the page
-      // cache): this file takes nothing more, the next flush goes to a new one.
-      this.#broken = true;
-      this.#opts.logger.error({ err, entries: batch.length }, 'journal write failed; the changes are refused');
-      // Take the refused lines back out where the disk still allows it, so that a restart
-      // does not replay changes whose callers were told they failed.
-      await handle
-        .truncate(this.#bytes)
-        .then(() => this.#opts.datasync(handle))
-        .catch(() => undefined);
-      for (const queued of batch) queued.reject(err);
-      return;
+      synced = Promise.resolve(err);
     }
     this.#bytes += data.length;
     this.#entries += batch.length;
     if (this.#bytes >= this.#opts.maxBytes || this.#entries >= this.#opts.maxEntries) this.#rotateWanted = true;
-    try {
-      this.#opts.onCommit(committed, this.#generation);
-    } catch (err) {
-      this.#opts.logger.error({ err }, 'journal commit hook failed');
+    const previous = this.#flights.at(-1)?.landed;
+    const flight: Flight = {
+      landed: (async () => {
+        const err = await synced;
+        if (previous !== undefined) await previous;
+        this.#flights.shift();
+        if (err !== undefined || this.#broken) {
+          this.#refuse(batch, start, err ?? new Error('an earlier journal write failed'));
+          return;
+        }
+        try {
+          this.#opts.onCommit(committed, generation);
+        } catch (hookErr) {
+          this.#opts.logger.error({ err: hookErr }, 'journal commit hook failed');
+        }
+        for (const queued of batch) queued.resolve();
+      })(),
+    };
+    this.#flights.push(flight);
+  }
+
+  /**
+   * A write or fdatasync failed: what reached the file is unknown (and after a failed
+   * fdatasync, so is the page cache). This file takes nothing more, the next flush goes to a
+   * new one, and the refused lines are cut off again before that (#cutRefused).
+   */
+  #refuse(batch: Queued<T>[], start: number, err: unknown): void {
+    if (!this.#broken) {
+      this.#broken = true;
+      this.#opts.logger.error({ err, entries: batch.length }, 'journal write failed; the changes are refused');
     }
-    for (const queued of batch) queued.resolve();
+    this.#cutAt = Math.min(this.#cutAt ?? start, start);
+    for (const queued of batch) queued.reject(err);
+  }
+
+  /** Takes refused lines back out where the disk still allows it, so a restart does not replay them. */
+  async #cutRefused(): Promise<void> {
+    const handle = this.#handle;
+    const cut = this.#cutAt;
+    this.#cutAt = undefined;
+    if (handle === undefined || cut === undefined) return;
+    this.#bytes = cut;
+    await handle
+      .truncate(cut)
+      .then(() => this.#opts.datasync(handle))
+      .catch(() => undefined);
   }
 
   /** Retires the active file (unless it is empty and sound), then puts a new one in place. */

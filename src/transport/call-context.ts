@@ -1,13 +1,15 @@
 import { TsboxError } from '../errors.js';
-import type { CallSignal } from '../controller/types.js';
+import type { AbortListener, CallSignal } from '../controller/types.js';
+import { Deadlines, type DeadlineEntry } from './deadlines.js';
 import type { GrpcCall } from './h2/grpc-server.js';
 
 /** The metadata key containerd puts its namespace in. */
 export const NAMESPACE_KEY = 'containerd-namespace';
 
-/** Tracks the calls in flight so that a shutdown can end them. */
+/** Tracks the calls in flight so that a shutdown can end them, and their deadlines. */
 export class CallRegistry {
   readonly #active = new Set<CallContext>();
+  readonly deadlines = new Deadlines();
   #closing: TsboxError | undefined;
 
   get closing(): TsboxError | undefined {
@@ -25,36 +27,43 @@ export class CallRegistry {
   /** Refuses new calls and aborts the signals of every call in flight with `reason`. */
   close(reason: TsboxError): void {
     this.#closing = reason;
+    this.deadlines.close();
     for (const ctx of this.#active) ctx.abort(reason);
   }
 }
 
+const callAbort = (listener: AbortListener): void => {
+  if (typeof listener === 'function') listener();
+  else listener.handleEvent();
+};
+
 /**
  * What a handler knows about its call: the namespace and one signal that fires on client
  * cancel, deadline or daemon shutdown. The context is that signal itself (the part of
- * AbortSignal the controller uses, controller/types.ts CallSignal): a pod holds one Wait for
- * its whole life, and an AbortController with its listener costs about 1 KiB more. The
- * signal is armed (registry entry, cancel listener, deadline timer) only if a handler asks
- * for it, so calls that never wait pay nothing for it; `dispose` removes all of that when the
- * call ends.
+ * AbortSignal the controller uses, controller/types.ts CallSignal), and it is its own cancel
+ * listener and deadline entry: a pod holds one Wait for its whole life, so a pending call
+ * costs one object here rather than an AbortController, a Timeout and their closures. The
+ * signal is armed (registry entry, cancel listener, deadline) only if a handler asks for it,
+ * so calls that never wait pay nothing for it; `dispose` undoes all of that when the call ends.
  */
-export class CallContext implements CallSignal {
+export class CallContext implements CallSignal, DeadlineEntry {
   readonly #call: GrpcCall;
   readonly #registry: CallRegistry;
   /** The containerd-namespace metadata value, if any. */
   readonly namespace: string | undefined;
+  readonly deadline: number;
+  deadlineSlot = -1;
   #armed = false;
   #reason: TsboxError | undefined;
   /** Abort listeners: almost always one, so the first has its own slot. */
-  #listener: (() => void) | undefined;
-  #listeners: (() => void)[] | undefined;
-  #timer: NodeJS.Timeout | undefined;
-  #onCancel: (() => void) | undefined;
+  #listener: AbortListener | undefined;
+  #listeners: AbortListener[] | undefined;
 
   constructor(call: GrpcCall, registry: CallRegistry) {
     this.#call = call;
     this.#registry = registry;
     this.namespace = call.header(NAMESPACE_KEY);
+    this.deadline = call.deadline;
   }
 
   get signal(): CallSignal {
@@ -66,15 +75,8 @@ export class CallContext implements CallSignal {
       return this;
     }
     this.#registry.add(this);
-    this.#onCancel = () => this.abort(new TsboxError('Cancelled', 'call cancelled by the client'));
-    this.#call.onCancel(this.#onCancel);
-    const deadline = this.#call.deadline;
-    if (Number.isFinite(deadline)) {
-      this.#timer = setTimeout(
-        () => this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded')),
-        Math.max(0, deadline - Date.now()),
-      );
-    }
+    this.#call.onCancel(this);
+    if (Number.isFinite(this.deadline)) this.#registry.deadlines.add(this);
     return this;
   }
 
@@ -87,18 +89,27 @@ export class CallContext implements CallSignal {
   }
 
   /** As on AbortSignal: a listener added after the abort is never called. */
-  addEventListener(_type: 'abort', listener: () => void): void {
+  addEventListener(_type: 'abort', listener: AbortListener): void {
     if (this.#reason !== undefined) return;
     if (this.#listener === undefined) this.#listener = listener;
     else (this.#listeners ??= []).push(listener);
   }
 
-  removeEventListener(_type: 'abort', listener: () => void): void {
+  removeEventListener(_type: 'abort', listener: AbortListener): void {
     if (this.#listener === listener) this.#listener = undefined;
     else if (this.#listeners !== undefined) {
       const at = this.#listeners.indexOf(listener);
       if (at !== -1) this.#listeners.splice(at, 1);
     }
+  }
+
+  /** The client cancelled the call or its connection went away. */
+  callCancelled(): void {
+    this.abort(new TsboxError('Cancelled', 'call cancelled by the client'));
+  }
+
+  deadlinePassed(): void {
+    this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded'));
   }
 
   /** Fires the signal once with `reason`; each listener is called once. */
@@ -109,14 +120,14 @@ export class CallContext implements CallSignal {
     const rest = this.#listeners;
     this.#listener = undefined;
     this.#listeners = undefined;
-    first?.();
-    if (rest !== undefined) for (const listener of rest) listener();
+    if (first !== undefined) callAbort(first);
+    if (rest !== undefined) for (const listener of rest) callAbort(listener);
   }
 
   dispose(): void {
     if (!this.#armed) return;
-    clearTimeout(this.#timer);
-    if (this.#onCancel !== undefined) this.#call.offCancel(this.#onCancel);
+    this.#registry.deadlines.remove(this);
+    this.#call.offCancel(this);
     this.#registry.delete(this);
   }
 }

@@ -54,6 +54,9 @@ export interface TsboxServer {
 }
 
 type Handler<Req, Res> = (request: Req, ctx: CallContext, namespace: string) => Promise<Res> | Res;
+/** A handler that answers through `reply` (once), for calls that may stay pending long. */
+type CallbackHandler<Req, Res> = (request: Req, ctx: CallContext, namespace: string, reply: Reply<Res>) => void;
+type Reply<Res> = (err: unknown, response?: Res) => void;
 
 const toAny = (any: AnyValue): Any => ({ typeUrl: any.typeUrl, value: Buffer.from(any.value) });
 
@@ -69,25 +72,53 @@ export function createServer(options: ServerOptions): TsboxServer {
 
   type Method = (call: GrpcCall) => void;
 
+  interface Definition<Req, Res> {
+    path: string;
+    requestDeserialize(b: Buffer): Req;
+    responseSerialize(r: Res): Buffer;
+  }
+
   /** Wraps a handler: decode, validate, run, encode; errors become statuses. */
   function unary<Req extends { sandboxId: string }, Res>(
-    definition: { path: string; requestDeserialize(b: Buffer): Req; responseSerialize(r: Res): Buffer },
+    definition: Definition<Req, Res>,
     rpc: string,
     handler: Handler<Req, Res>,
+  ): [string, Method] {
+    return callback(definition, rpc, (request, ctx, namespace, reply) => {
+      const result = handler(request, ctx, namespace);
+      if (result instanceof Promise) result.then((response) => reply(undefined, response), (err: unknown) => reply(err));
+      else reply(undefined, result);
+    });
+  }
+
+  /** Wraps a callback handler: decode, validate, run, encode; errors become statuses. */
+  function callback<Req extends { sandboxId: string }, Res>(
+    definition: Definition<Req, Res>,
+    rpc: string,
+    handler: CallbackHandler<Req, Res>,
   ): [string, Method] {
     const serve = (call: GrpcCall): void => {
       const started = debug ? process.hrtime.bigint() : 0n;
       const ctx = new CallContext(call, registry);
       let request: Req | undefined;
       inFlight++;
-      const reply = (err: unknown, response?: Res): void => {
+      let replied = false;
+      const reply: Reply<Res> = (err, response) => {
+        if (replied) return;
+        replied = true;
         ctx.dispose();
         if (--inFlight === 0) drained?.();
         let code = 0;
-        if (err === undefined) {
-          call.respond(definition.responseSerialize(response as Res));
-        } else {
-          const status = toStatus(err, log, rpc);
+        let failure = err;
+        if (failure === undefined) {
+          try {
+            call.respond(definition.responseSerialize(response as Res));
+          } catch (serializeErr) {
+            failure = serializeErr;
+          }
+        }
+        if (failure !== undefined) {
+          const status = toStatus(failure, log, rpc);
           code = status.code;
           call.fail(status.code, status.message);
         }
@@ -108,9 +139,7 @@ export function createServer(options: ServerOptions): TsboxServer {
         }
         const namespace = validateNamespace(ctx.namespace);
         validateIdentifier('sandbox_id', request.sandboxId);
-        const result = handler(request, ctx, namespace);
-        if (result instanceof Promise) result.then((response) => reply(undefined, response), (err: unknown) => reply(err));
-        else reply(undefined, result);
+        handler(request, ctx, namespace, reply);
       } catch (err) {
         reply(err);
       }
@@ -151,9 +180,11 @@ export function createServer(options: ServerOptions): TsboxServer {
       await controller.stop(ns, req.sandboxId, req.timeoutSecs, ctx.signal);
       return {};
     }),
-    unary<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', async (req, ctx, ns) => {
-      const exit = await controller.wait(ns, req.sandboxId, ctx.signal);
-      return { exitStatus: exit.status, exitedAt: exit.exitedAt };
+    // A pod holds its Wait for its whole life: no promise or async frame stays behind.
+    callback<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', (req, ctx, ns, reply) => {
+      controller.listen(ns, req.sandboxId, ctx.signal, (err, exit) =>
+        err === undefined && exit !== undefined ? reply(undefined, { exitStatus: exit.status, exitedAt: exit.exitedAt }) : reply(err),
+      );
     }),
     unary<ControllerStatusRequest, ControllerStatusResponse>(ControllerService.status, 'Status', (req, _ctx, ns) => {
       const status = controller.status(ns, req.sandboxId, req.verbose);

@@ -223,7 +223,7 @@ describe('JournaledRecordStore', () => {
     assert.deepEqual(await readdir(layout.sandboxes), []);
   });
 
-  test('group commit: one fdatasync covers every change that arrives during a flush', async (t) => {
+  test('group commit: changes that arrive while two flushes are on disk share the next one', async (t) => {
     const layout = await tempLayout(t);
     const { store, flushes } = openStore(layout);
     await store.loadAll();
@@ -232,10 +232,12 @@ describe('JournaledRecordStore', () => {
     assert.ok(flushes() <= 2, `100 concurrent saves took ${flushes()} fdatasyncs`);
     assert.equal((await journalEntries(layout)).length, 100);
 
-    // While a flush is on disk, 50 more arrive from different turns: they share the next one.
+    // The first flush hangs on disk. The next change starts a second flush at once (it does
+    // not wait for one it is not part of); the 49 after it, from different turns, share a third.
     const gate = new Gate();
     let calls = 0;
-    const gated = openStore(await tempLayout(t), {
+    const layout2 = await tempLayout(t);
+    const gated = openStore(layout2, {
       datasync: async (handle) => {
         calls++;
         if (calls === 1) await gate.wait();
@@ -243,15 +245,21 @@ describe('JournaledRecordStore', () => {
       },
     }).store;
     await gated.loadAll();
-    const first = gated.save(record('k8s.io', 'first', 0));
+    calls = 0;
+    const answered: string[] = [];
+    const first = gated.save(record('k8s.io', 'first', 0)).then(() => void answered.push('first'));
     const more: Promise<void>[] = [];
     for (let i = 0; i < 50; i++) {
       await new Promise<void>((resolve) => setImmediate(resolve));
-      more.push(gated.save(record('k8s.io', `later${i}`, i)));
+      more.push(gated.save(record('k8s.io', `later${i}`, i)).then(() => void answered.push(`later${i}`)));
     }
+    assert.equal(calls, 2, 'two flushes on disk at once, no more');
+    assert.deepEqual(answered, [], 'nothing is answered before the flushes before it land');
     gate.open();
     await Promise.all([first, ...more]);
-    assert.equal(calls, 2);
+    assert.equal(calls, 3);
+    assert.deepEqual(answered, ['first', ...Array.from({ length: 50 }, (_, i) => `later${i}`)], 'answered in order');
+    assert.equal((await journalEntries(layout2)).length, 51);
     await store.close();
     await gated.close();
   });
@@ -527,6 +535,36 @@ describe('JournaledRecordStore', () => {
     // Nothing of the refused change is replayed either.
     const { records: again } = await openStore(layout).store.loadAll();
     assert.deepEqual(again.map((r) => r.id).sort(), ['a', 'c']);
+  });
+
+  test('a failed flush also refuses the flush in flight after it; neither is replayed', async (t) => {
+    const layout = await tempLayout(t);
+    const gate = new Gate();
+    let calls = 0;
+    const { store } = openStore(layout, {
+      datasync: async (handle) => {
+        calls++;
+        if (calls === 1) {
+          await gate.wait();
+          throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
+        }
+        await handle.datasync();
+      },
+    });
+    await store.loadAll();
+    calls = 0;
+    const a = store.save(record('k8s.io', 'a', 1));
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    const b = store.save(record('k8s.io', 'b', 1));
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    assert.equal(calls, 2, 'both flushes are on disk');
+    gate.open();
+    await assert.rejects(a, /EIO/);
+    await assert.rejects(b, /an earlier journal write failed/);
+    await store.save(record('k8s.io', 'c', 1));
+    assert.deepEqual((await store.loadAll()).records.map((r) => r.id), ['c']);
+    await store.close();
+    assert.deepEqual((await openStore(layout).store.loadAll()).records.map((r) => r.id), ['c']);
   });
 
   test('unreadable records without journal entries are quarantined exactly as RecordFiles does', async (t) => {

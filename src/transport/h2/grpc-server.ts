@@ -36,6 +36,14 @@ export const GrpcCode = {
   Unavailable: 14,
 } as const;
 
+/** A function, or an object whose callCancelled() is called (no closure per call). */
+export type CancelListener = (() => void) | { callCancelled(): void };
+
+const notify = (listener: CancelListener): void => {
+  if (typeof listener === 'function') listener();
+  else listener.callCancelled();
+};
+
 /** One unary call as the handler sees it. */
 export interface GrpcCall {
   /** The method path, e.g. /containerd.services.sandbox.v1.Controller/Status. */
@@ -47,8 +55,8 @@ export interface GrpcCall {
   /** A request header (lowercase name); only while the handler is first called. */
   header(name: string): string | undefined;
   /** Calls `listener` once if the client cancels or the connection goes away before an answer. */
-  onCancel(listener: () => void): void;
-  offCancel(listener: () => void): void;
+  onCancel(listener: CancelListener): void;
+  offCancel(listener: CancelListener): void;
   respond(message: Uint8Array): void;
   fail(code: number, message: string): void;
 }
@@ -114,7 +122,7 @@ class Stream implements GrpcCall {
   pending: Buffer | undefined;
   pendingTrailers: Buffer | undefined;
   /** Cancel listeners: at most one in practice (the call's context). */
-  #cancel: (() => void) | (() => void)[] | undefined;
+  #cancel: CancelListener | CancelListener[] | undefined;
 
   constructor(
     readonly id: number,
@@ -128,14 +136,14 @@ class Stream implements GrpcCall {
     return undefined;
   }
 
-  onCancel(listener: () => void): void {
+  onCancel(listener: CancelListener): void {
     const current = this.#cancel;
     if (current === undefined) this.#cancel = listener;
-    else if (typeof current === 'function') this.#cancel = [current, listener];
-    else current.push(listener);
+    else if (Array.isArray(current)) current.push(listener);
+    else this.#cancel = [current, listener];
   }
 
-  offCancel(listener: () => void): void {
+  offCancel(listener: CancelListener): void {
     const current = this.#cancel;
     if (current === listener) this.#cancel = undefined;
     else if (Array.isArray(current)) {
@@ -149,8 +157,8 @@ class Stream implements GrpcCall {
     this.answered = true;
     const listeners = this.#cancel;
     this.#cancel = undefined;
-    if (typeof listeners === 'function') listeners();
-    else if (listeners !== undefined) for (const l of listeners) l();
+    if (Array.isArray(listeners)) for (const l of listeners) notify(l);
+    else if (listeners !== undefined) notify(listeners);
   }
 
   respond(message: Uint8Array): void {
