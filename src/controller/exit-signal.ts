@@ -1,8 +1,18 @@
 import { abortError, type TsboxError } from '../errors.js';
 import type { CallSignal, ExitInfo } from './types.js';
 
-/** Called once: with the exit, or with the abort error when the waiter's signal fired first. */
-export type ExitListener = (err: TsboxError | undefined, exit: ExitInfo | undefined) => void;
+/**
+ * Told once: the exit, or the abort error when the waiter's signal fired first. A function,
+ * or an object (the transport's pending call itself, so that a Wait holds no closure).
+ */
+export type ExitListener =
+  | ((err: TsboxError | undefined, exit: ExitInfo | undefined) => void)
+  | { exitKnown(err: TsboxError | undefined, exit: ExitInfo | undefined): void };
+
+const tell = (listener: ExitListener, err: TsboxError | undefined, exit: ExitInfo | undefined): void => {
+  if (typeof listener === 'function') listener(err, exit);
+  else listener.exitKnown(err, exit);
+};
 
 /** A pending waiter; it is its own abort listener (no closure per waiter). */
 class Waiter {
@@ -15,7 +25,7 @@ class Waiter {
   /** The signal fired first. */
   handleEvent(): void {
     if (!this.owner.forget(this)) return;
-    this.done(abortError(this.signal as CallSignal), undefined);
+    tell(this.done, abortError(this.signal as CallSignal), undefined);
   }
 }
 
@@ -47,7 +57,7 @@ export class ExitSignal {
     this.#waiters.clear();
     for (const waiter of waiters) {
       waiter.signal?.removeEventListener('abort', waiter);
-      waiter.done(undefined, exit);
+      tell(waiter.done, undefined, exit);
     }
     return true;
   }
@@ -64,11 +74,11 @@ export class ExitSignal {
   listen(done: ExitListener, signal?: CallSignal): void {
     const exit = this.#exit;
     if (exit !== undefined) {
-      done(undefined, exit);
+      tell(done, undefined, exit);
       return;
     }
     if (signal?.aborted === true) {
-      done(abortError(signal), undefined);
+      tell(done, abortError(signal), undefined);
       return;
     }
     const waiter = new Waiter(this, done, signal);

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
 import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
-import type { AnyValue } from '../controller/types.js';
+import type { AnyValue, ExitInfo } from '../controller/types.js';
 import { TsboxError, messageOf } from '../errors.js';
 import {
   ControllerService,
@@ -54,29 +54,115 @@ export interface TsboxServer {
 }
 
 type Handler<Req, Res> = (request: Req, ctx: CallContext, namespace: string) => Promise<Res> | Res;
-/** A handler that answers through `reply` (once), for calls that may stay pending long. */
-type CallbackHandler<Req, Res> = (request: Req, ctx: CallContext, namespace: string, reply: Reply<Res>) => void;
-type Reply<Res> = (err: unknown, response?: Res) => void;
+/** A handler that answers through `call.reply` (once), for calls that may stay pending long. */
+type CallbackHandler<Req, Res> = (request: Req, call: ServedCall<Res>, namespace: string) => void;
 
 const toAny = (any: AnyValue): Any => ({ typeUrl: any.typeUrl, value: Buffer.from(any.value) });
 
+/** What the calls of one server share. */
+interface Served {
+  readonly log: Logger;
+  readonly debug: boolean;
+  readonly registry: CallRegistry;
+  /** Calls not yet answered; `drained` runs when it drops to 0. */
+  inFlight: number;
+  drained: (() => void) | undefined;
+}
+
+interface Definition<Req, Res> {
+  path: string;
+  requestDeserialize(b: Buffer): Req;
+  responseSerialize(r: Res): Buffer;
+}
+
+/** Wait's answer for one exit, encoded once for all of its waiters. */
+const encodedExits = new WeakMap<ExitInfo, Buffer>();
+
+/**
+ * One call being served: its context (signal, namespace), its answer, and for Wait the exit
+ * listener, in one object, so that a Wait pending for a pod's whole life holds no closures.
+ */
+class ServedCall<Res> extends CallContext {
+  readonly #grpc: GrpcCall;
+  readonly #served: Served;
+  readonly #serialize: (response: Res) => Buffer;
+  readonly #rpc: string;
+  /** For the debug log line only. */
+  readonly #started: bigint;
+  id: string | undefined;
+  #replied = false;
+
+  constructor(grpc: GrpcCall, served: Served, serialize: (response: Res) => Buffer, rpc: string) {
+    super(grpc, served.registry);
+    this.#grpc = grpc;
+    this.#served = served;
+    this.#serialize = serialize;
+    this.#rpc = rpc;
+    this.#started = served.debug ? process.hrtime.bigint() : 0n;
+    served.inFlight++;
+  }
+
+  /** Answers the call once: the response, or the error as a status. */
+  reply(err: unknown, response?: Res): void {
+    if (err === undefined) {
+      let bytes: Buffer;
+      try {
+        bytes = this.#serialize(response as Res);
+      } catch (serializeErr) {
+        this.#answer(serializeErr, undefined);
+        return;
+      }
+      this.#answer(undefined, bytes);
+    } else {
+      this.#answer(err, undefined);
+    }
+  }
+
+  /** Wait's exit listener (controller/exit-signal.ts). */
+  exitKnown(err: TsboxError | undefined, exit: ExitInfo | undefined): void {
+    if (err !== undefined || exit === undefined) {
+      this.#answer(err ?? new TsboxError('Internal', 'no exit'), undefined);
+      return;
+    }
+    let bytes = encodedExits.get(exit);
+    if (bytes === undefined) {
+      bytes = ControllerService.wait.responseSerialize({ exitStatus: exit.status, exitedAt: exit.exitedAt });
+      encodedExits.set(exit, bytes);
+    }
+    this.#answer(undefined, bytes);
+  }
+
+  #answer(err: unknown, bytes: Buffer | undefined): void {
+    if (this.#replied) return;
+    this.#replied = true;
+    this.dispose();
+    const served = this.#served;
+    if (--served.inFlight === 0) served.drained?.();
+    let code = 0;
+    if (err === undefined) {
+      this.#grpc.respond(bytes as Buffer);
+    } else {
+      const status = toStatus(err, served.log, this.#rpc);
+      code = status.code;
+      this.#grpc.fail(status.code, status.message);
+    }
+    if (served.debug) {
+      served.log.debug(
+        { rpc: this.#rpc, ns: this.namespace, id: this.id, code, ms: Number(process.hrtime.bigint() - this.#started) / 1e6 },
+        'rpc',
+      );
+    }
+  }
+}
 
 /** Builds the server around the controller. */
 export function createServer(options: ServerOptions): TsboxServer {
   const { controller, logger } = options;
   const log = logger.child({ component: 'transport' });
-  const debug = log.isLevelEnabled('debug');
   const registry = new CallRegistry();
-  let inFlight = 0;
-  let drained: (() => void) | undefined;
+  const served: Served = { log, debug: log.isLevelEnabled('debug'), registry, inFlight: 0, drained: undefined };
 
   type Method = (call: GrpcCall) => void;
-
-  interface Definition<Req, Res> {
-    path: string;
-    requestDeserialize(b: Buffer): Req;
-    responseSerialize(r: Res): Buffer;
-  }
 
   /** Wraps a handler: decode, validate, run, encode; errors become statuses. */
   function unary<Req extends { sandboxId: string }, Res>(
@@ -84,64 +170,37 @@ export function createServer(options: ServerOptions): TsboxServer {
     rpc: string,
     handler: Handler<Req, Res>,
   ): [string, Method] {
-    return callback(definition, rpc, (request, ctx, namespace, reply) => {
-      const result = handler(request, ctx, namespace);
-      if (result instanceof Promise) result.then((response) => reply(undefined, response), (err: unknown) => reply(err));
-      else reply(undefined, result);
+    return callback(definition, rpc, (request, call, namespace) => {
+      const result = handler(request, call, namespace);
+      if (result instanceof Promise) result.then((response) => call.reply(undefined, response), (err: unknown) => call.reply(err));
+      else call.reply(undefined, result);
     });
   }
 
-  /** Wraps a callback handler: decode, validate, run, encode; errors become statuses. */
+  /** Wraps a callback handler: decode, validate, run; errors become statuses. */
   function callback<Req extends { sandboxId: string }, Res>(
     definition: Definition<Req, Res>,
     rpc: string,
     handler: CallbackHandler<Req, Res>,
   ): [string, Method] {
-    const serve = (call: GrpcCall): void => {
-      const started = debug ? process.hrtime.bigint() : 0n;
-      const ctx = new CallContext(call, registry);
-      let request: Req | undefined;
-      inFlight++;
-      let replied = false;
-      const reply: Reply<Res> = (err, response) => {
-        if (replied) return;
-        replied = true;
-        ctx.dispose();
-        if (--inFlight === 0) drained?.();
-        let code = 0;
-        let failure = err;
-        if (failure === undefined) {
-          try {
-            call.respond(definition.responseSerialize(response as Res));
-          } catch (serializeErr) {
-            failure = serializeErr;
-          }
-        }
-        if (failure !== undefined) {
-          const status = toStatus(failure, log, rpc);
-          code = status.code;
-          call.fail(status.code, status.message);
-        }
-        if (debug) {
-          log.debug(
-            { rpc, ns: ctx.namespace, id: request?.sandboxId, code, ms: Number(process.hrtime.bigint() - started) / 1e6 },
-            'rpc',
-          );
-        }
-      };
+    const serialize = (response: Res): Buffer => definition.responseSerialize(response);
+    const serve = (grpc: GrpcCall): void => {
+      const call = new ServedCall<Res>(grpc, served, serialize, rpc);
       try {
         const closing = registry.closing;
         if (closing !== undefined) throw closing;
+        let request: Req;
         try {
-          request = definition.requestDeserialize(call.message);
+          request = definition.requestDeserialize(grpc.message);
         } catch (err) {
           throw new TsboxError('InvalidArgument', `malformed ${rpc} request: ${messageOf(err)}`);
         }
-        const namespace = validateNamespace(ctx.namespace);
+        if (served.debug) call.id = request.sandboxId;
+        const namespace = validateNamespace(call.namespace);
         validateIdentifier('sandbox_id', request.sandboxId);
-        handler(request, ctx, namespace, reply);
+        handler(request, call, namespace);
       } catch (err) {
-        reply(err);
+        call.reply(err);
       }
     };
     return [definition.path, serve];
@@ -181,10 +240,8 @@ export function createServer(options: ServerOptions): TsboxServer {
       return {};
     }),
     // A pod holds its Wait for its whole life: no promise or async frame stays behind.
-    callback<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', (req, ctx, ns, reply) => {
-      controller.listen(ns, req.sandboxId, ctx.signal, (err, exit) =>
-        err === undefined && exit !== undefined ? reply(undefined, { exitStatus: exit.status, exitedAt: exit.exitedAt }) : reply(err),
-      );
+    callback<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', (req, call, ns) => {
+      controller.listen(ns, req.sandboxId, call.signal, call);
     }),
     unary<ControllerStatusRequest, ControllerStatusResponse>(ControllerService.status, 'Status', (req, _ctx, ns) => {
       const status = controller.status(ns, req.sandboxId, req.verbose);
@@ -250,19 +307,19 @@ export function createServer(options: ServerOptions): TsboxServer {
       log.info({ socket: options.socketPath, mode: options.socketMode.toString(8) }, 'listening');
     },
     async close(drainMs) {
-      log.info({ inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
+      log.info({ inFlight: served.inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
       server.stopAccepting();
       registry.close(new TsboxError('Unavailable', 'tsbox is shutting down; retry'));
-      if (inFlight > 0) {
+      if (served.inFlight > 0) {
         await new Promise<void>((resolve) => {
           const timer = setTimeout(resolve, drainMs);
-          drained = () => {
+          served.drained = () => {
             clearTimeout(timer);
             resolve();
           };
         });
       }
-      if (inFlight > 0) log.warn({ inFlight }, 'drain time is over; closing connections');
+      if (served.inFlight > 0) log.warn({ inFlight: served.inFlight }, 'drain time is over; closing connections');
       server.destroy();
       await socket?.remove();
       log.info('server closed');
