@@ -20,7 +20,9 @@ import { recordSchema } from './record-schema.js';
  * of `{"seq":N,...}`), so a torn or damaged line is recognised. `seq` is one sequence for all
  * sandboxes. When the journal grows past its limits it is renamed to `journal.<generation>`
  * and a new empty `journal` takes its place; a retired journal is deleted once the record
- * files it covers are durable. Only the newest generations are ever on disk (they are
+ * files it covers are durable. A journal file starts out as zeros (prepared in the background
+ * as `journal.new`), so appending overwrites blocks the file already has and each fdatasync
+ * has only data to flush; readers stop at the zeros after the last line. Only the newest generations are ever on disk (they are
  * deleted oldest first), and replaying them in seq order over the record files gives the
  * state every acknowledged change left.
  */
@@ -141,7 +143,11 @@ export interface DecodedJournal {
   readonly torn: JournalProblem | undefined;
 }
 
-export function decodeJournal(bytes: Uint8Array): DecodedJournal {
+export function decodeJournal(data: Uint8Array): DecodedJournal {
+  // A journal file is preallocated with zeros: what follows the last line is not a line.
+  let length = data.length;
+  while (length > 0 && data[length - 1] === 0) length--;
+  const bytes = data.subarray(0, length);
   const lines: { line: number; decoded: Decoded }[] = [];
   let start = 0;
   while (start < bytes.length) {
@@ -231,6 +237,12 @@ export interface JournalOptions<T> {
   /** The journal is retired after a write that takes it to this many bytes or entries. */
   readonly maxBytes: number;
   readonly maxEntries: number;
+  /**
+   * Bytes of zeros a new journal file is written with before it takes lines, so that an
+   * append overwrites blocks the file already has and fdatasync has no metadata to commit.
+   * 0 turns it off.
+   */
+  readonly preallocateBytes: number;
   /** Makes appended lines durable (fdatasync). */
   readonly datasync: (handle: FileHandle) => Promise<void>;
   /** Makes a file or directory durable (fsync). */
@@ -294,6 +306,8 @@ export class Journal<T> {
   #wake: (() => void) | undefined;
   /** Where the refused lines of a failed flush begin. */
   #cutAt: number | undefined;
+  /** The next journal file, preallocated in the background as journal.new. */
+  #spare: Promise<FileHandle | undefined> | undefined;
   readonly #retired: number[] = [];
 
   constructor(options: JournalOptions<T>) {
@@ -386,6 +400,12 @@ export class Journal<T> {
     const handle = this.#handle;
     this.#handle = undefined;
     await handle?.close();
+    const spare = await this.#spare;
+    this.#spare = undefined;
+    if (spare !== undefined) {
+      await spare.close().catch(() => undefined);
+      await unlink(join(this.#opts.root, JOURNAL_FILE + FRESH_SUFFIX)).catch(() => undefined);
+    }
   }
 
   #kick(): void {
@@ -550,14 +570,43 @@ export class Journal<T> {
     this.#handle = await this.#createEmpty();
   }
 
-  /** An empty journal, durable under its name: written as journal.new, fsynced, renamed, dir fsynced. */
+  /**
+   * An empty journal, durable under its name: the spare prepared in the background (or, if
+   * there is none, one prepared now) is renamed into place and the directory fsynced; then
+   * the next spare is started.
+   */
   async #createEmpty(): Promise<FileHandle> {
+    const fresh = this.#path + FRESH_SUFFIX;
+    const spare = this.#spare;
+    this.#spare = undefined;
+    const handle = (spare === undefined ? undefined : await spare) ?? (await this.#prepare());
+    try {
+      await rename(fresh, this.#path);
+      await syncPath(this.#opts.root, this.#opts.fsync);
+    } catch (err) {
+      await handle.close();
+      throw err;
+    }
+    if (!this.#closing) {
+      this.#spare = this.#prepare().catch((err: unknown) => {
+        this.#opts.logger.warn({ err }, 'cannot prepare the next journal file; it is made when it is needed');
+        return undefined;
+      });
+    }
+    return handle;
+  }
+
+  /** journal.new, preallocated with zeros and fsynced. */
+  async #prepare(): Promise<FileHandle> {
     const fresh = this.#path + FRESH_SUFFIX;
     const handle = await open(fresh, 'w', 0o600);
     try {
+      const size = this.#opts.preallocateBytes;
+      const zeros = Buffer.alloc(Math.min(size, 1 << 20));
+      for (let offset = 0; offset < size; offset += zeros.length) {
+        await handle.write(zeros, 0, Math.min(zeros.length, size - offset), offset);
+      }
       await this.#opts.fsync(handle, fresh);
-      await rename(fresh, this.#path);
-      await syncPath(this.#opts.root, this.#opts.fsync);
     } catch (err) {
       await handle.close();
       throw err;

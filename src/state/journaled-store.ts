@@ -15,6 +15,11 @@ export interface JournaledStoreOptions {
   readonly checkpointBytes?: number;
   /** ... or this many entries. Default 16384. */
   readonly checkpointEntries?: number;
+  /**
+   * Zeros a journal file is written with before it takes lines (see state/journal.ts).
+   * Default: what the limits above let a journal hold (4 MiB with the defaults).
+   */
+  readonly preallocateBytes?: number;
   /** ... or when it has entries this long after the last rotation; 0 turns it off. Default 30 s. */
   readonly checkpointIntervalMs?: number;
   /** fsyncs a checkpoint or a recovery runs at once. Default 4. */
@@ -130,11 +135,14 @@ export class JournaledRecordStore implements RecordStore {
     this.#applyLimit = new Limit(Math.max(1, options.applyConcurrency ?? 8));
     this.#syncLimit = new Limit(Math.max(1, options.syncConcurrency ?? 4));
     this.#intervalMs = options.checkpointIntervalMs ?? 30_000;
+    const maxBytes = options.checkpointBytes ?? 4 * 1024 * 1024;
+    const maxEntries = options.checkpointEntries ?? 16_384;
     this.#journal = new Journal<Change>({
       root: layout.root,
       logger,
-      maxBytes: options.checkpointBytes ?? 4 * 1024 * 1024,
-      maxEntries: options.checkpointEntries ?? 16_384,
+      maxBytes,
+      maxEntries,
+      preallocateBytes: options.preallocateBytes ?? Math.min(maxBytes, maxEntries * 512) + 64 * 1024,
       datasync: options.datasync ?? ((handle) => handle.datasync()),
       fsync: this.#fsync,
       onCommit: (committed, generation) => this.#committed(committed, generation),

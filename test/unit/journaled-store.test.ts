@@ -62,6 +62,7 @@ function openStore(layout: StateLayout, options: JournaledStoreOptions = {}, lev
   let flushes = 0;
   const store = new JournaledRecordStore(layout, logger, {
     checkpointIntervalMs: 0,
+    preallocateBytes: 64 * 1024,
     datasync: async (handle) => {
       flushes++;
       await handle.datasync();
@@ -81,7 +82,13 @@ const byKey = (records: readonly SandboxRecord[]): Map<string, SandboxRecord> =>
 const journalPath = (layout: StateLayout): string => join(layout.root, 'journal');
 
 async function journalFiles(layout: StateLayout): Promise<string[]> {
-  return (await readdir(layout.root)).filter((name) => name.startsWith('journal')).sort();
+  // journal.new is the next journal file, prepared empty in advance.
+  return (await readdir(layout.root)).filter((name) => name.startsWith('journal') && name !== 'journal.new').sort();
+}
+
+/** Lines in the active journal (the file itself is preallocated with zeros). */
+async function journalLines(layout: StateLayout): Promise<number> {
+  return (await journalEntries(layout)).length;
 }
 
 async function journalEntries(layout: StateLayout): Promise<ReturnType<typeof decodeJournal>['entries']> {
@@ -158,7 +165,7 @@ describe('JournaledRecordStore', () => {
     // The operator's view is unchanged: one record.json per sandbox directory.
     assert.deepEqual(JSON.parse(await readFile(join(layout.sandboxDir('k8s.io', 'abc123'), 'record.json'), 'utf8')), full);
     assert.deepEqual(await journalFiles(layout), ['journal'], 'one journal, no leftovers');
-    assert.equal((await stat(journalPath(layout))).size, 0, 'replayed into the files and emptied');
+    assert.equal(await journalLines(layout), 0, 'replayed into the files and emptied');
     await again.close();
   });
 
@@ -350,7 +357,7 @@ describe('JournaledRecordStore', () => {
       assert.deepEqual(JSON.parse(await readFile(join(layout.sandboxDir(ns, id), 'record.json'), 'utf8')), value, `${key} rewritten`);
     }
     assert.ok(reopened.lines.some((l) => l.msg === 'journal replayed into the record files'));
-    assert.equal((await stat(journalPath(layout))).size, 0);
+    assert.equal(await journalLines(layout), 0);
     // And now the files alone carry the state.
     assert.deepEqual(byKey((await new RecordFiles(layout, capturingLogger().logger).loadAll()).records), expected);
   });
@@ -447,7 +454,7 @@ describe('JournaledRecordStore', () => {
     assert.ok(lines.filter((l) => l.msg === 'checkpoint done').length >= 2, 'checkpoints ran');
     assert.ok(checkpointSyncs > 0);
     assert.deepEqual(await journalFiles(layout), ['journal'], 'every retired journal was deleted');
-    assert.equal((await stat(journalPath(layout))).size, 0);
+    assert.equal(await journalLines(layout), 0);
 
     // Phase 2: checkpoints hang; rotations go on and neither saves nor removes wait for them.
     frozen = true;
@@ -636,7 +643,7 @@ describe('JournaledRecordStore', () => {
     gate.open();
     await closed;
     assert.deepEqual(await journalFiles(layout), ['journal']);
-    assert.equal((await stat(journalPath(layout))).size, 0, 'nothing left to replay');
+    assert.equal(await journalLines(layout), 0, 'nothing left to replay');
 
     // The operator, while tsbox is stopped:
     await rm(layout.sandboxDir('k8s.io', 'forgotten'), { recursive: true });
@@ -667,6 +674,25 @@ describe('JournaledRecordStore', () => {
 });
 
 describe('JournaledRecordStore between checkpoints (as the daemon runs it)', () => {
+  test('a journal file is preallocated: appends do not grow it, and a crash loses none of its lines', async (t) => {
+    const layout = await tempLayout(t);
+    const first = openStore(layout, { preallocateBytes: 256 * 1024 });
+    await first.store.loadAll();
+    const size = (await stat(journalPath(layout))).size;
+    assert.equal(size, 256 * 1024, 'written with zeros before it takes a line');
+    await Promise.all(Array.from({ length: 50 }, (_, n) => first.store.save(record('k8s.io', `sb${n}`, n))));
+    await first.store.settled();
+    assert.equal((await stat(journalPath(layout))).size, size, 'the appends went into the zeros');
+    assert.equal(await journalLines(layout), 50);
+    assert.ok((await readdir(layout.root)).includes('journal.new'), 'the next journal file is prepared');
+    // Crash: the lines before the zeros are replayed; the zeros are no torn line.
+    const second = openStore(layout, { preallocateBytes: 256 * 1024 });
+    assert.equal((await second.store.loadAll()).records.length, 50);
+    assert.ok(!second.lines.some((l) => l.level >= 40), 'nothing to warn about');
+    await second.store.close();
+    assert.ok(!(await readdir(layout.root)).includes('journal.new'), 'a clean stop leaves no spare behind');
+  });
+
   test('a sandbox that comes and goes within one journal generation never costs a file or an fsync', async (t) => {
     const layout = await tempLayout(t);
     const synced: string[] = [];
