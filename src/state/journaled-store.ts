@@ -22,10 +22,13 @@ export interface JournaledStoreOptions {
   readonly preallocateBytes?: number;
   /** ... or when it has entries this long after the last rotation; 0 turns it off. Default 30 s. */
   readonly checkpointIntervalMs?: number;
-  /** fsyncs a checkpoint or a recovery runs at once. Default 4. */
-  readonly syncConcurrency?: number;
-  /** Record files a checkpoint writes at once. Default 8. */
-  readonly applyConcurrency?: number;
+  /**
+   * Record files a background checkpoint writes or fsyncs at once. Default 1: a checkpoint
+   * leaves the thread pool to the journal's fdatasync, which every durable RPC waits for.
+   */
+  readonly backgroundConcurrency?: number;
+  /** ... at start-up, at close and when a checkpoint is awaited. Default 8. */
+  readonly foregroundConcurrency?: number;
   /** Makes journal lines durable; default `handle.datasync()`. */
   readonly datasync?: (handle: FileHandle) => Promise<void>;
   /** Makes a file or directory durable; default `handle.sync()`. */
@@ -106,8 +109,12 @@ export class JournaledRecordStore implements RecordStore {
   readonly #files: RecordFiles;
   readonly #journal: Journal<Change>;
   readonly #fsync: SyncFile;
-  readonly #applyLimit: Limit;
-  readonly #syncLimit: Limit;
+  readonly #background: Limit;
+  readonly #foreground: Limit;
+  /** Directory removals of remove(): not held up by a checkpoint's writes. */
+  readonly #removals = new Limit(8);
+  /** Callers waiting for a checkpoint: it runs at foreground speed. */
+  #hurry = 0;
   readonly #intervalMs: number;
   readonly #keys = new Map<string, KeyState>();
   /** Sandboxes changed in each journal generation not yet checkpointed. */
@@ -132,8 +139,8 @@ export class JournaledRecordStore implements RecordStore {
     this.#log = logger;
     this.#files = new RecordFiles(layout, logger);
     this.#fsync = options.fsync ?? ((handle) => handle.sync());
-    this.#applyLimit = new Limit(Math.max(1, options.applyConcurrency ?? 8));
-    this.#syncLimit = new Limit(Math.max(1, options.syncConcurrency ?? 4));
+    this.#background = new Limit(Math.max(1, options.backgroundConcurrency ?? 1));
+    this.#foreground = new Limit(Math.max(1, options.foregroundConcurrency ?? 8));
     this.#intervalMs = options.checkpointIntervalMs ?? 30_000;
     const maxBytes = options.checkpointBytes ?? 4 * 1024 * 1024;
     const maxEntries = options.checkpointEntries ?? 16_384;
@@ -174,7 +181,7 @@ export class JournaledRecordStore implements RecordStore {
       ks.applied = change;
       return;
     }
-    await this.#onKey(ks, this.#applyLimit, () => this.#applyPending(ks));
+    await this.#onKey(ks, this.#removals, () => this.#applyPending(ks));
   }
 
   async loadAll(): Promise<LoadedRecords> {
@@ -193,17 +200,22 @@ export class JournaledRecordStore implements RecordStore {
   }
 
   async #checkpointAll(): Promise<void> {
-    await this.#start();
-    await this.#journal.rotate();
-    const target = Math.max(0, ...this.#journal.retired());
-    const outstanding = (): boolean => this.#journal.retired().some((g) => g <= target);
-    while (outstanding()) {
-      if (!this.#checkpointRunning) {
-        this.#checkpointError = undefined;
-        this.#requestCheckpoint();
+    this.#hurry++;
+    try {
+      await this.#start();
+      await this.#journal.rotate();
+      const target = Math.max(0, ...this.#journal.retired());
+      const outstanding = (): boolean => this.#journal.retired().some((g) => g <= target);
+      while (outstanding()) {
+        if (!this.#checkpointRunning) {
+          this.#checkpointError = undefined;
+          this.#requestCheckpoint();
+        }
+        await this.#checkpointDone;
+        if (!this.#checkpointRunning && outstanding() && this.#checkpointError !== undefined) throw this.#checkpointError;
       }
-      await this.#checkpointDone;
-      if (!this.#checkpointRunning && outstanding() && this.#checkpointError !== undefined) throw this.#checkpointError;
+    } finally {
+      this.#hurry--;
     }
   }
 
@@ -283,7 +295,7 @@ export class JournaledRecordStore implements RecordStore {
       ks.pending = change;
       states.push(ks);
     }
-    if (states.length > 0) await this.#syncKeys(states, false);
+    if (states.length > 0) await this.#syncKeys(states, false, this.#foreground);
     for (const ks of states) this.#forgetIfIdle(ks.key);
     // Oldest first, so that a crash in between leaves the newest generations only.
     const retired = found.files.filter((f) => f !== join(this.#layout.root, JOURNAL_FILE));
@@ -337,10 +349,10 @@ export class JournaledRecordStore implements RecordStore {
   }
 
   /** Runs `fn` on the sandbox's files after every job queued on them before. */
-  #onKey<R>(ks: KeyState, limit: Limit, fn: () => Promise<R>): Promise<R> {
+  #onKey<R>(ks: KeyState, limit: Limit | undefined, fn: () => Promise<R>): Promise<R> {
     ks.jobs++;
     const run = ks.tail
-      .then(() => limit.run(fn))
+      .then(() => (limit === undefined ? fn() : limit.run(fn)))
       .finally(() => {
         ks.jobs--;
       });
@@ -490,7 +502,7 @@ export class JournaledRecordStore implements RecordStore {
     for (const generation of generations) for (const key of this.#dirty.get(generation) ?? []) keys.add(key);
     const states = [...keys].map((key) => this.#keys.get(key)).filter((ks): ks is KeyState => ks !== undefined);
     const rewrite = this.#rewrite;
-    await this.#syncKeys(states, rewrite);
+    await this.#syncKeys(states, rewrite, this.#hurry > 0 || this.#closed ? this.#foreground : this.#background);
     this.#rewrite = false;
     await this.#journal.discard(generations);
     for (const generation of generations) this.#dirty.delete(generation);
@@ -504,15 +516,15 @@ export class JournaledRecordStore implements RecordStore {
   /**
    * Applies what is pending for each sandbox and fsyncs its record file, then every directory
    * involved: the sandbox's, its namespace's and sandboxes/ (for an entry added or removed).
-   * At most `syncConcurrency` sandboxes at once.
+   * At most `limit` files at once.
    */
-  async #syncKeys(states: readonly KeyState[], rewrite: boolean): Promise<void> {
+  async #syncKeys(states: readonly KeyState[], rewrite: boolean, limit: Limit): Promise<void> {
     const dirs = new Set<string>();
     const results = await Promise.allSettled(
       states.map(async (ks) => {
         // Gone within the generations (removed, nothing on disk): nothing to write or sync.
         if (!rewrite && ks.pending === undefined && ks.jobs === 0 && ks.applied?.op !== 'save') return;
-        await this.#syncKey(ks, dirs, rewrite);
+        await this.#syncKey(ks, dirs, rewrite, limit);
       }),
     );
     // Removals applied up to here are made durable by this checkpoint; later ones by the next.
@@ -521,7 +533,7 @@ export class JournaledRecordStore implements RecordStore {
     for (const dir of removedFrom) dirs.add(dir);
     const dirResults = await Promise.allSettled(
       [...dirs].map((dir) =>
-        this.#syncLimit.run(() =>
+        limit.run(() =>
           syncPath(dir, this.#fsync).catch((err: unknown) => {
             // Gone with a later remove, which a newer journal holds.
             if (!isMissing(err)) throw err;
@@ -542,30 +554,36 @@ export class JournaledRecordStore implements RecordStore {
    * a slow fsync never holds up a later change of the sandbox. A later change applied
    * meanwhile is in a newer journal, so whichever state the fsync catches is covered.
    */
-  async #syncKey(ks: KeyState, dirs: Set<string>, rewrite: boolean): Promise<void> {
-    const change = await this.#onKey(ks, this.#applyLimit, async () => {
-      await this.#applyPending(ks);
-      const applied = ks.applied;
-      if (rewrite && applied !== undefined) await this.#apply(ks, applied);
-      return applied;
-    });
+  async #syncKey(ks: KeyState, dirs: Set<string>, rewrite: boolean, limit: Limit): Promise<void> {
+    // The turn is taken before the sandbox's queue is joined, so that a remove() never waits
+    // behind the checkpoint's backlog.
+    const change = await limit.run(() =>
+      this.#onKey(ks, undefined, async () => {
+        await this.#applyPending(ks);
+        const applied = ks.applied;
+        if (rewrite && applied !== undefined) await this.#apply(ks, applied);
+        return applied;
+      }),
+    );
     if (change === undefined || change.op === 'remove') return;
     dirs.add(this.#layout.sandboxes);
     dirs.add(dirname(ks.dir));
     dirs.add(ks.dir);
     const file = join(ks.dir, RECORD_FILE);
     try {
-      await this.#syncLimit.run(() => syncPath(file, this.#fsync));
+      await limit.run(() => syncPath(file, this.#fsync));
     } catch (err) {
       if (!isMissing(err)) throw err;
       // Gone with a later remove (nothing to do), or deleted behind tsbox's back: the
       // journal still holds it, so it is written again.
-      const restored = await this.#onKey(ks, this.#applyLimit, async () => {
-        if (ks.applied !== change) return false;
-        await this.#writeRecord(ks, change.json);
-        return true;
-      });
-      if (restored) await this.#syncLimit.run(() => syncPath(file, this.#fsync));
+      const restored = await limit.run(() =>
+        this.#onKey(ks, undefined, async () => {
+          if (ks.applied !== change) return false;
+          await this.#writeRecord(ks, change.json);
+          return true;
+        }),
+      );
+      if (restored) await limit.run(() => syncPath(file, this.#fsync));
     }
   }
 
