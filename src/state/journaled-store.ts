@@ -23,8 +23,9 @@ export interface JournaledStoreOptions {
   /** ... or when it has entries this long after the last rotation; 0 turns it off. Default 30 s. */
   readonly checkpointIntervalMs?: number;
   /**
-   * Record files a background checkpoint writes or fsyncs at once. Default 1: a checkpoint
-   * leaves the thread pool to the journal's fdatasync, which every durable RPC waits for.
+   * Record files a background checkpoint writes or fsyncs at once. Default 3: a checkpoint
+   * leaves one of the thread pool's four threads to the journal's fdatasync, which every
+   * durable RPC waits for.
    */
   readonly backgroundConcurrency?: number;
   /** ... at start-up, at close and when a checkpoint is awaited. Default 8. */
@@ -139,7 +140,7 @@ export class JournaledRecordStore implements RecordStore {
     this.#log = logger;
     this.#files = new RecordFiles(layout, logger);
     this.#fsync = options.fsync ?? ((handle) => handle.sync());
-    this.#background = new Limit(Math.max(1, options.backgroundConcurrency ?? 1));
+    this.#background = new Limit(Math.max(1, options.backgroundConcurrency ?? 3));
     this.#foreground = new Limit(Math.max(1, options.foregroundConcurrency ?? 8));
     this.#intervalMs = options.checkpointIntervalMs ?? 30_000;
     const maxBytes = options.checkpointBytes ?? 4 * 1024 * 1024;
