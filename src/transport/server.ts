@@ -79,6 +79,19 @@ interface Definition<Req, Res> {
 const encodedExits = new WeakMap<ExitInfo, Buffer>();
 
 /**
+ * Waits told of an exit are answered after the current turn: the call that made the exit
+ * happen (Stop, Shutdown) is answered first, so that its caller goes on while the answers to
+ * the sandbox's watchers follow right behind it.
+ */
+let waitAnswers: { readonly call: { answer(err: undefined, bytes: Buffer): void }; readonly bytes: Buffer }[] = [];
+
+function answerWaits(): void {
+  const answers = waitAnswers;
+  waitAnswers = [];
+  for (const { call, bytes } of answers) call.answer(undefined, bytes);
+}
+
+/**
  * One call being served: its context (signal, namespace), its answer, and for Wait the exit
  * listener, in one object, so that a Wait pending for a pod's whole life holds no closures.
  */
@@ -109,19 +122,19 @@ class ServedCall<Res> extends CallContext {
       try {
         bytes = this.#serialize(response as Res);
       } catch (serializeErr) {
-        this.#answer(serializeErr, undefined);
+        this.answer(serializeErr, undefined);
         return;
       }
-      this.#answer(undefined, bytes);
+      this.answer(undefined, bytes);
     } else {
-      this.#answer(err, undefined);
+      this.answer(err, undefined);
     }
   }
 
   /** Wait's exit listener (controller/exit-signal.ts). */
   exitKnown(err: TsboxError | undefined, exit: ExitInfo | undefined): void {
     if (err !== undefined || exit === undefined) {
-      this.#answer(err ?? new TsboxError('Internal', 'no exit'), undefined);
+      this.answer(err ?? new TsboxError('Internal', 'no exit'), undefined);
       return;
     }
     let bytes = encodedExits.get(exit);
@@ -129,10 +142,12 @@ class ServedCall<Res> extends CallContext {
       bytes = ControllerService.wait.responseSerialize({ exitStatus: exit.status, exitedAt: exit.exitedAt });
       encodedExits.set(exit, bytes);
     }
-    this.#answer(undefined, bytes);
+    if (waitAnswers.length === 0) setImmediate(answerWaits);
+    waitAnswers.push({ call: this, bytes });
   }
 
-  #answer(err: unknown, bytes: Buffer | undefined): void {
+  /** Sends the encoded response, or the error as a status; only the first answer counts. */
+  answer(err: unknown, bytes: Buffer | undefined): void {
     if (this.#replied) return;
     this.#replied = true;
     this.dispose();
