@@ -353,14 +353,10 @@ export class Controller {
     sandbox.exit.resolve(exit);
   }
 
-  /** Blocks until the sandbox exits; the same answer every time. */
-  async wait(namespace: string, id: string, signal: CallSignal): Promise<ExitInfo> {
-    return this.#find(namespace, id).exit.wait(signal);
-  }
-
   /**
-   * Wait for the transport, without promises: `done` is called once, with the exit or the
-   * abort error. Throws NotFound at once.
+   * Wait: `done` is told once, with the exit (the same every time) or the abort error when
+   * `signal` fires first. Throws NotFound at once. No promise: a pod holds a Wait for its
+   * whole life.
    */
   listen(namespace: string, id: string, signal: CallSignal, done: ExitListener): void {
     this.#find(namespace, id).exit.listen(done, signal);

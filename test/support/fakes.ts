@@ -2,8 +2,10 @@
 // runtime backend whose sandboxes exit when a test says so, a record store that keeps
 // every record it was asked to save, and a clock whose time and timers move only when a
 // test advances them. Nothing here touches processes, files or real time.
+import type { Controller } from '../../src/controller/controller.js';
 import type {
   AnyValue,
+  CallSignal,
   ExitInfo,
   LaunchSpec,
   LoadedRecords,
@@ -448,4 +450,14 @@ export async function until(condition: () => boolean, message: string, timeoutMs
 /** Lets every promise callback already queued run (several microtask and I/O turns). */
 export async function settle(turns = 5): Promise<void> {
   for (let i = 0; i < turns; i++) await new Promise<void>((resolve) => setImmediate(resolve));
+}
+
+/**
+ * A Wait as the transport makes it (Controller.listen), as a promise: resolves with the exit,
+ * rejects with NotFound or with the abort reason.
+ */
+export function waitExit(controller: Pick<Controller, 'listen'>, namespace: string, id: string, signal: CallSignal): Promise<ExitInfo> {
+  return new Promise<ExitInfo>((resolve, reject) => {
+    controller.listen(namespace, id, signal, (err, exit) => (err === undefined ? resolve(exit as ExitInfo) : reject(err)));
+  });
 }

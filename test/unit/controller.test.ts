@@ -19,6 +19,7 @@ import {
   makeRecord,
   settle,
   until,
+  waitExit,
 } from '../support/fakes.js';
 
 const NS = 'k8s.io';
@@ -169,7 +170,7 @@ describe('Create', () => {
     await controller.shutdown(NS, ID, noDeadline());
     await controller.create(NS, ID, createRequest());
     assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
-    const wait = track(controller.wait(NS, ID, noDeadline()));
+    const wait = track(waitExit(controller, NS, ID, noDeadline()));
     await settle();
     assert.equal(wait.settled, false, 'the new sandbox has not exited');
     const started = await controller.start(NS, ID);
@@ -334,7 +335,7 @@ describe('Status', () => {
     const started = await createAndStart(controller);
     clock.advance(60_000);
     backend.sandbox(NS, ID).exitWith(2);
-    const exit = await controller.wait(NS, ID, noDeadline());
+    const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.deepEqual(controller.status(NS, ID, false), {
       state: 'SANDBOX_NOTREADY',
       pid: 0,
@@ -360,7 +361,7 @@ describe('Status', () => {
     assert.equal(facts['state'], 'running');
 
     backend.sandbox(NS, ID).exitWith(9, 'out of memory');
-    await controller.wait(NS, ID, noDeadline());
+    await waitExit(controller, NS, ID, noDeadline());
     const after = JSON.parse(controller.status(NS, ID, true).info?.['info'] ?? 'null') as Record<string, unknown>;
     assert.equal(after['exitStatus'], 9);
     assert.equal(after['exitReason'], 'out of memory');
@@ -382,7 +383,7 @@ describe('Status', () => {
     await settle();
     const during = controller.status(NS, ID, false);
     store.saveGate.open();
-    await controller.wait(NS, ID, noDeadline());
+    await waitExit(controller, NS, ID, noDeadline());
     assert.ok(
       during.state === 'SANDBOX_READY' || during.exitedAt !== undefined,
       `Status said ${JSON.stringify(during)}: NOTREADY with no exited_at (SPEC.md section 3: exited → exited_at = Wait's)`,
@@ -407,7 +408,7 @@ describe('Stop', () => {
     assert.equal(record?.state, 'exited');
     assert.equal(record?.exit?.status, KILLED_STATUS);
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_NOTREADY');
-    const exit = await controller.wait(NS, ID, noDeadline());
+    const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.equal(exit.status, KILLED_STATUS);
   });
 
@@ -416,7 +417,7 @@ describe('Stop', () => {
     await createAndStart(controller);
     await controller.stop(NS, ID, 10, noDeadline());
     assert.deepEqual(backend.sandbox(NS, ID).signals, ['SIGTERM']);
-    assert.equal((await controller.wait(NS, ID, noDeadline())).status, TERMINATED_STATUS);
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, TERMINATED_STATUS);
   });
 
   test('Stop(N) of a sandbox ignoring SIGTERM waits out the grace period, then SIGKILL', async () => {
@@ -435,7 +436,7 @@ describe('Stop', () => {
     await until(() => stop.settled, 'Stop returns after SIGKILL');
     assert.equal(stop.error, undefined);
     assert.deepEqual(backend.sandbox(NS, ID).signals, ['SIGTERM', 'SIGKILL']);
-    assert.equal((await controller.wait(NS, ID, noDeadline())).status, KILLED_STATUS);
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, KILLED_STATUS);
   });
 
   test('Stop ends with the caller\'s deadline and changes nothing else', async () => {
@@ -444,7 +445,7 @@ describe('Stop', () => {
     await createAndStart(controller);
     const deadline = new AbortController();
     const stop = controller.stop(NS, ID, 30, deadline.signal);
-    const waiter = track(controller.wait(NS, ID, noDeadline()));
+    const waiter = track(waitExit(controller, NS, ID, noDeadline()));
     await settle();
     const reason = new TsboxError('DeadlineExceeded', 'deadline exceeded');
     deadline.abort(reason);
@@ -464,7 +465,7 @@ describe('Stop', () => {
 
     assert.equal(backend.startCalls.length, 0);
     assert.equal(backend.kills.length, 0);
-    const exit = await controller.wait(NS, ID, noDeadline());
+    const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.equal(exit.status, UNKNOWN_EXIT_STATUS);
     assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_NOTREADY', pid: 0, exitedAt: exit.exitedAt });
     const record = store.current(NS, ID);
@@ -475,7 +476,7 @@ describe('Stop', () => {
   test('Stop of a never-started sandbox answers a Wait that was already pending', async () => {
     const { controller } = setup();
     await controller.create(NS, ID, createRequest());
-    const waiter = controller.wait(NS, ID, noDeadline());
+    const waiter = waitExit(controller, NS, ID, noDeadline());
     await controller.stop(NS, ID, 0, noDeadline());
     assert.equal((await waiter).status, UNKNOWN_EXIT_STATUS);
   });
@@ -489,7 +490,7 @@ describe('Stop', () => {
     const retry = new AbortController();
     const stop = track(controller.stop(NS, ID, 0, retry.signal));
     const waiter = new AbortController();
-    const wait = track(controller.wait(NS, ID, waiter.signal));
+    const wait = track(waitExit(controller, NS, ID, waiter.signal));
     await giveUpAfter([stop, wait], [retry, waiter]);
     assert.equal(stop.error, undefined, 'a retried Stop (store healthy again) hangs until its deadline');
     assert.equal(wait.error, undefined, 'Wait hangs although Status says the sandbox is not ready');
@@ -519,13 +520,13 @@ describe('Stop', () => {
 describe('Wait', () => {
   test('of an unknown sandbox is NOT_FOUND', async () => {
     const { controller } = setup();
-    await assert.rejects(async () => controller.wait(NS, ID, noDeadline()), errorOf('NotFound'));
+    await assert.rejects(async () => waitExit(controller, NS, ID, noDeadline()), errorOf('NotFound'));
   });
 
   test('many concurrent waiters and late waiters all get the identical answer', async () => {
     const { clock, backend, controller } = setup();
     await createAndStart(controller);
-    const waiters = Array.from({ length: 50 }, () => controller.wait(NS, ID, noDeadline()));
+    const waiters = Array.from({ length: 50 }, () => waitExit(controller, NS, ID, noDeadline()));
     clock.advance(2000);
     backend.sandbox(NS, ID).exitWith(3, 'crashed');
     const answers = await Promise.all(waiters);
@@ -535,14 +536,14 @@ describe('Wait', () => {
     for (const answer of answers) assert.deepEqual(answer, first);
 
     clock.advance(10_000);
-    for (let i = 0; i < 3; i++) assert.deepEqual(await controller.wait(NS, ID, noDeadline()), first);
+    for (let i = 0; i < 3; i++) assert.deepEqual(await waitExit(controller, NS, ID, noDeadline()), first);
   });
 
   test('a sandbox exiting by itself wakes every Wait and turns NOTREADY without a Stop', async () => {
     const { backend, store, controller } = setup();
     await createAndStart(controller);
-    const a = track(controller.wait(NS, ID, noDeadline()));
-    const b = track(controller.wait(NS, ID, noDeadline()));
+    const a = track(waitExit(controller, NS, ID, noDeadline()));
+    const b = track(waitExit(controller, NS, ID, noDeadline()));
     await settle();
     assert.equal(a.settled || b.settled, false, 'Wait answered while the sandbox runs');
 
@@ -560,7 +561,7 @@ describe('Wait', () => {
     const { backend, store, controller } = setup();
     await createAndStart(controller);
     let savedWhenWoken: SandboxRecord | undefined;
-    const waiter = controller.wait(NS, ID, noDeadline()).then((exit) => {
+    const waiter = waitExit(controller, NS, ID, noDeadline()).then((exit) => {
       savedWhenWoken = store.savedFor(NS, ID).at(-1);
       return exit;
     });
@@ -578,8 +579,8 @@ describe('Wait', () => {
     const { backend, controller } = setup();
     await createAndStart(controller);
     const cancelled = new AbortController();
-    const victim = controller.wait(NS, ID, cancelled.signal);
-    const others = [controller.wait(NS, ID, noDeadline()), controller.wait(NS, ID, noDeadline())];
+    const victim = waitExit(controller, NS, ID, cancelled.signal);
+    const others = [waitExit(controller, NS, ID, noDeadline()), waitExit(controller, NS, ID, noDeadline())];
     const reason = new TsboxError('Cancelled', 'call cancelled by the client');
     cancelled.abort(reason);
     await assert.rejects(victim, (err) => err === reason);
@@ -594,7 +595,7 @@ describe('Wait', () => {
     const { controller } = setup();
     await createAndStart(controller);
     const reason = new TsboxError('Unavailable', 'tsbox is shutting down');
-    await assert.rejects(controller.wait(NS, ID, AbortSignal.abort(reason)), (err) => err === reason);
+    await assert.rejects(waitExit(controller, NS, ID, AbortSignal.abort(reason)), (err) => err === reason);
   });
 });
 
@@ -602,7 +603,7 @@ describe('Shutdown', () => {
   /** Every operation that must be NOT_FOUND after Shutdown, and those that must be OK. */
   async function assertForgotten(controller: Controller): Promise<void> {
     assert.throws(() => controller.status(NS, ID, false), errorOf('NotFound'), 'Status');
-    await assert.rejects(async () => controller.wait(NS, ID, noDeadline()), errorOf('NotFound'), 'Wait');
+    await assert.rejects(async () => waitExit(controller, NS, ID, noDeadline()), errorOf('NotFound'), 'Wait');
     await assert.rejects(controller.start(NS, ID), errorOf('NotFound'), 'Start');
     assert.throws(() => controller.platform(NS, ID), errorOf('NotFound'), 'Platform');
     await assert.rejects(controller.metrics(NS, ID), errorOf('NotFound'), 'Metrics');
@@ -630,7 +631,7 @@ describe('Shutdown', () => {
   test('of a running sandbox kills it, answers its Waits, releases it and forgets it', async () => {
     const { backend, store, controller } = setup();
     await createAndStart(controller);
-    const waiter = controller.wait(NS, ID, noDeadline());
+    const waiter = waitExit(controller, NS, ID, noDeadline());
     await controller.shutdown(NS, ID, noDeadline());
     assert.deepEqual(backend.sandbox(NS, ID).signals, ['SIGKILL']);
     assert.equal((await waiter).status, KILLED_STATUS);
@@ -643,7 +644,7 @@ describe('Shutdown', () => {
     const { backend, store, controller } = setup();
     await createAndStart(controller);
     backend.sandbox(NS, ID).exitWith(0);
-    await controller.wait(NS, ID, noDeadline());
+    await waitExit(controller, NS, ID, noDeadline());
     await controller.shutdown(NS, ID, noDeadline());
     assert.deepEqual(backend.sandbox(NS, ID).signals, [], 'an exited sandbox is not signalled');
     assert.equal(store.current(NS, ID), undefined);
@@ -653,7 +654,7 @@ describe('Shutdown', () => {
   test('of a created sandbox answers its pending Waits with 255', async () => {
     const { controller } = setup();
     await controller.create(NS, ID, createRequest());
-    const waiter = controller.wait(NS, ID, noDeadline());
+    const waiter = waitExit(controller, NS, ID, noDeadline());
     await controller.shutdown(NS, ID, noDeadline());
     assert.equal((await waiter).status, UNKNOWN_EXIT_STATUS);
   });
@@ -667,12 +668,12 @@ describe('Shutdown', () => {
   test('racing a Wait: the waiter gets the exit status, later Waits NOT_FOUND', async () => {
     const { controller } = setup();
     await createAndStart(controller);
-    const waiter = controller.wait(NS, ID, noDeadline());
+    const waiter = waitExit(controller, NS, ID, noDeadline());
     const shutdown = controller.shutdown(NS, ID, noDeadline());
     const exit = await waiter;
     assert.equal(exit.status, KILLED_STATUS);
     await shutdown;
-    await assert.rejects(async () => controller.wait(NS, ID, noDeadline()), errorOf('NotFound'));
+    await assert.rejects(async () => waitExit(controller, NS, ID, noDeadline()), errorOf('NotFound'));
   });
 
   test('racing a Stop (Stop first): both succeed, one kill, the sandbox is gone', async () => {
@@ -770,7 +771,7 @@ describe('Platform, Metrics, Update', () => {
     await settle();
     store.saveGate.open();
     await update;
-    const exit = await controller.wait(NS, ID, noDeadline());
+    const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.equal(exit.status, 1);
 
     const saved = store.current(NS, ID);
@@ -785,7 +786,7 @@ describe('Platform, Metrics, Update', () => {
       stateDir: STATE_DIR,
     });
     await after.recover(1);
-    assert.deepEqual(await after.wait(NS, ID, noDeadline()), exit, 'Wait after a restart gives another answer');
+    assert.deepEqual(await waitExit(after, NS, ID, noDeadline()), exit, 'Wait after a restart gives another answer');
   });
 
   test('Update of a running sandbox keeps it running', async () => {
@@ -852,7 +853,7 @@ describe('recover', () => {
     assert.deepEqual(backend.recoverCalls, [{ key: keyOf(NS, ID), handle: { fakePid: 4321 } }]);
     assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_READY', pid: 4321, createdAt: startedAt });
 
-    const waiter = controller.wait(NS, ID, noDeadline());
+    const waiter = waitExit(controller, NS, ID, noDeadline());
     backend.sandbox(NS, ID).exitWith(6, 'crashed');
     const exit = await waiter;
     assert.equal(exit.status, 6);
@@ -868,7 +869,7 @@ describe('recover', () => {
     await controller.recover(1);
     await controller.stop(NS, ID, 0, noDeadline());
     assert.deepEqual(backend.sandbox(NS, ID).signals, ['SIGKILL']);
-    assert.equal((await controller.wait(NS, ID, noDeadline())).status, KILLED_STATUS);
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, KILLED_STATUS);
   });
 
   test('a running record whose sandbox exited while tsbox was away: the real exit is recorded', async () => {
@@ -882,7 +883,7 @@ describe('recover', () => {
     assert.deepEqual(store.current(NS, ID)?.exit, away);
     assert.equal(store.current(NS, ID)?.state, 'exited');
     assert.equal(backend.releaseCount(NS, ID), 1);
-    assert.deepEqual(await controller.wait(NS, ID, noDeadline()), away);
+    assert.deepEqual(await waitExit(controller, NS, ID, noDeadline()), away);
     assert.deepEqual(controller.status(NS, ID, false), {
       state: 'SANDBOX_NOTREADY',
       pid: 0,
@@ -899,8 +900,8 @@ describe('recover', () => {
     const summary = await controller.recover(4);
     assert.equal(summary.exited, 1);
     assert.equal(backend.recoverCalls.length, 0);
-    assert.deepEqual(await controller.wait(NS, ID, noDeadline()), recorded);
-    assert.deepEqual(await controller.wait(NS, ID, noDeadline()), recorded);
+    assert.deepEqual(await waitExit(controller, NS, ID, noDeadline()), recorded);
+    assert.deepEqual(await waitExit(controller, NS, ID, noDeadline()), recorded);
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_NOTREADY');
     assert.deepEqual(controller.status(NS, ID, false).exitedAt, recorded.exitedAt);
   });
@@ -979,7 +980,7 @@ describe('recover', () => {
     const stopSignal = new AbortController();
     const waitSignal = new AbortController();
     const stop = track(controller.stop(NS, ID, 0, stopSignal.signal));
-    const wait = track(controller.wait(NS, ID, waitSignal.signal));
+    const wait = track(waitExit(controller, NS, ID, waitSignal.signal));
     await giveUpAfter([stop, wait], [stopSignal, waitSignal]);
     assert.equal(stop.error, undefined, 'Stop hangs until its deadline');
     assert.equal(wait.error, undefined, 'Wait never answers');

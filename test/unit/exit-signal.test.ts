@@ -9,7 +9,7 @@ import { Controller } from '../../src/controller/controller.js';
 import { ExitSignal } from '../../src/controller/exit-signal.js';
 import type { ExitInfo } from '../../src/controller/types.js';
 import { TsboxError, isTsboxError } from '../../src/errors.js';
-import { FakeBackend, FakeClock, MemoryRecordStore } from '../support/fakes.js';
+import { FakeBackend, FakeClock, MemoryRecordStore, waitExit } from '../support/fakes.js';
 
 const EXIT: ExitInfo = { status: 137, exitedAt: { seconds: 1_700_000_000, nanos: 42 }, reason: 'killed' };
 
@@ -172,8 +172,8 @@ describe('abandoned waits leave nothing behind', () => {
     });
     await controller.create('k8s.io', 'pod1', { netnsPath: '', options: undefined, spec: undefined, extensions: {}, labels: {}, annotations: {} });
     await controller.start('k8s.io', 'pod1');
-    const longLived = controller.wait('k8s.io', 'pod1', new AbortController().signal);
-    const wait = (s: AbortSignal): Promise<ExitInfo> => controller.wait('k8s.io', 'pod1', s);
+    const longLived = waitExit(controller, 'k8s.io', 'pod1', new AbortController().signal);
+    const wait = (s: AbortSignal): Promise<ExitInfo> => waitExit(controller, 'k8s.io', 'pod1', s);
 
     assert.equal(await abandonWaits(wait), WAITS);
     const baseline = await heapAfterGc();
