@@ -47,11 +47,11 @@ const callAbort = (listener: AbortListener): void => {
  * so calls that never wait pay nothing for it; `dispose` undoes all of that when the call ends.
  */
 export class CallContext implements CallSignal, DeadlineEntry {
-  readonly #call: GrpcCall;
+  /** The call on the wire. */
+  protected readonly call: GrpcCall;
   readonly #registry: CallRegistry;
   /** The containerd-namespace metadata value, if any. */
   readonly namespace: string | undefined;
-  readonly deadline: number;
   deadlineSlot = -1;
   #armed = false;
   #reason: TsboxError | undefined;
@@ -60,10 +60,13 @@ export class CallContext implements CallSignal, DeadlineEntry {
   #listeners: AbortListener[] | undefined;
 
   constructor(call: GrpcCall, registry: CallRegistry) {
-    this.#call = call;
+    this.call = call;
     this.#registry = registry;
     this.namespace = call.header(NAMESPACE_KEY);
-    this.deadline = call.deadline;
+  }
+
+  get deadline(): number {
+    return this.call.deadline;
   }
 
   get signal(): CallSignal {
@@ -75,7 +78,7 @@ export class CallContext implements CallSignal, DeadlineEntry {
       return this;
     }
     this.#registry.add(this);
-    this.#call.onCancel(this);
+    this.call.onCancel(this);
     if (Number.isFinite(this.deadline)) this.#registry.deadlines.add(this);
     return this;
   }
@@ -127,7 +130,7 @@ export class CallContext implements CallSignal, DeadlineEntry {
   dispose(): void {
     if (!this.#armed) return;
     this.#registry.deadlines.remove(this);
-    this.#call.offCancel(this);
+    this.call.offCancel(this);
     this.#registry.delete(this);
   }
 }

@@ -96,7 +96,6 @@ function answerWaits(): void {
  * listener, in one object, so that a Wait pending for a pod's whole life holds no closures.
  */
 class ServedCall<Res> extends CallContext {
-  readonly #grpc: GrpcCall;
   readonly #served: Served;
   readonly #serialize: (response: Res) => Buffer;
   readonly #rpc: string;
@@ -107,7 +106,6 @@ class ServedCall<Res> extends CallContext {
 
   constructor(grpc: GrpcCall, served: Served, serialize: (response: Res) => Buffer, rpc: string) {
     super(grpc, served.registry);
-    this.#grpc = grpc;
     this.#served = served;
     this.#serialize = serialize;
     this.#rpc = rpc;
@@ -155,11 +153,11 @@ class ServedCall<Res> extends CallContext {
     if (--served.inFlight === 0) served.drained?.();
     let code = 0;
     if (err === undefined) {
-      this.#grpc.respond(bytes as Buffer);
+      this.call.respond(bytes as Buffer);
     } else {
       const status = toStatus(err, served.log, this.#rpc);
       code = status.code;
-      this.#grpc.fail(status.code, status.message);
+      this.call.fail(status.code, status.message);
     }
     if (served.debug) {
       served.log.debug(
