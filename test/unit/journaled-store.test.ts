@@ -108,6 +108,33 @@ async function within<T>(promise: Promise<T>, ms: number, what: string): Promise
   }
 }
 
+/**
+ * A journal fdatasync that counts its calls; the first one waits for `gate` (a flush stuck on
+ * disk), then fails with EIO when `fail` is set.
+ */
+function firstFlushHeld(gate: Gate, fail = false): { datasync: (handle: FileHandle) => Promise<void>; calls: () => number } {
+  let calls = 0;
+  return {
+    calls: () => calls,
+    datasync: async (handle) => {
+      calls++;
+      if (calls === 1) {
+        await gate.wait();
+        if (fail) throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
+      }
+      await handle.datasync();
+    },
+  };
+}
+
+/** fsyncs of record files and their directories wait for `gate`: a checkpoint stuck on disk. */
+const recordFsyncsWaitFor =
+  (layout: StateLayout, gate: Gate) =>
+  async (handle: FileHandle, path: string): Promise<void> => {
+    if (path.startsWith(layout.sandboxes)) await gate.wait();
+    await handle.sync();
+  };
+
 describe('journal lines', () => {
   test('a line is JSON with its seq, op and a checksum; any changed bit is detected', () => {
     const entry = { seq: 7, op: 'save' as const, record: record('k8s.io', 'line', 1, { annotations: { note: 'héllo ✓' } }) };
@@ -242,17 +269,10 @@ describe('JournaledRecordStore', () => {
     // The first flush hangs on disk. The next change starts a second flush at once (it does
     // not wait for one it is not part of); the 49 after it, from different turns, share a third.
     const gate = new Gate();
-    let calls = 0;
+    const held = firstFlushHeld(gate);
     const layout2 = await tempLayout(t);
-    const gated = openStore(layout2, {
-      datasync: async (handle) => {
-        calls++;
-        if (calls === 1) await gate.wait();
-        await handle.datasync();
-      },
-    }).store;
+    const gated = openStore(layout2, { datasync: held.datasync }).store;
     await gated.loadAll();
-    calls = 0;
     const answered: string[] = [];
     const first = gated.save(record('k8s.io', 'first', 0)).then(() => void answered.push('first'));
     const more: Promise<void>[] = [];
@@ -260,11 +280,11 @@ describe('JournaledRecordStore', () => {
       await new Promise<void>((resolve) => setImmediate(resolve));
       more.push(gated.save(record('k8s.io', `later${i}`, i)).then(() => void answered.push(`later${i}`)));
     }
-    assert.equal(calls, 2, 'two flushes on disk at once, no more');
+    assert.equal(held.calls(), 2, 'two flushes on disk at once, no more');
     assert.deepEqual(answered, [], 'nothing is answered before the flushes before it land');
     gate.open();
     await Promise.all([first, ...more]);
-    assert.equal(calls, 3);
+    assert.equal(held.calls(), 3);
     assert.deepEqual(answered, ['first', ...Array.from({ length: 50 }, (_, i) => `later${i}`)], 'answered in order');
     assert.equal((await journalEntries(layout2)).length, 51);
     await store.close();
@@ -274,14 +294,8 @@ describe('JournaledRecordStore', () => {
   test('changes of a sandbox keep their order across a flush boundary', async (t) => {
     const layout = await tempLayout(t);
     const gate = new Gate();
-    let calls = 0;
-    const { store } = openStore(layout, {
-      datasync: async (handle) => {
-        calls++;
-        if (calls === 1) await gate.wait();
-        await handle.datasync();
-      },
-    });
+    const held = firstFlushHeld(gate);
+    const { store } = openStore(layout, { datasync: held.datasync });
     await store.loadAll();
     const done: string[] = [];
     const track = (name: string, p: Promise<void>): Promise<void> => p.then(() => void done.push(name));
@@ -296,7 +310,7 @@ describe('JournaledRecordStore', () => {
     );
     gate.open();
     await Promise.all(ops);
-    assert.equal(calls, 2, 'two flushes');
+    assert.equal(held.calls(), 2, 'two flushes');
     assert.deepEqual(done.slice(0, 3), ['a0', 'a1', 'b0'], 'saves resolve in order');
     assert.deepEqual(
       (await journalEntries(layout)).map((e) => `${e.seq}:${e.op === 'save' ? `${e.record.id}${e.record.labels.n}` : `rm-${e.id}`}`),
@@ -491,10 +505,7 @@ describe('JournaledRecordStore', () => {
     const gate = new Gate();
     const { store } = openStore(layout, {
       checkpointEntries: 10,
-      fsync: async (handle: FileHandle, path: string) => {
-        if (path.startsWith(layout.sandboxes)) await gate.wait();
-        await handle.sync();
-      },
+      fsync: recordFsyncsWaitFor(layout, gate),
     });
     await store.loadAll();
     await Promise.all(Array.from({ length: 10 }, (_, i) => store.save(record('k8s.io', `sb${i}`, 0))));
@@ -547,24 +558,14 @@ describe('JournaledRecordStore', () => {
   test('a failed flush also refuses the flush in flight after it; neither is replayed', async (t) => {
     const layout = await tempLayout(t);
     const gate = new Gate();
-    let calls = 0;
-    const { store } = openStore(layout, {
-      datasync: async (handle) => {
-        calls++;
-        if (calls === 1) {
-          await gate.wait();
-          throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
-        }
-        await handle.datasync();
-      },
-    });
+    const held = firstFlushHeld(gate, true);
+    const { store } = openStore(layout, { datasync: held.datasync });
     await store.loadAll();
-    calls = 0;
     const a = store.save(record('k8s.io', 'a', 1));
     await new Promise<void>((resolve) => setImmediate(resolve));
     const b = store.save(record('k8s.io', 'b', 1));
     await new Promise<void>((resolve) => setImmediate(resolve));
-    assert.equal(calls, 2, 'both flushes are on disk');
+    assert.equal(held.calls(), 2, 'both flushes are on disk');
     gate.open();
     await assert.rejects(a, /EIO/);
     await assert.rejects(b, /an earlier journal write failed/);
@@ -574,64 +575,12 @@ describe('JournaledRecordStore', () => {
     assert.deepEqual((await openStore(layout).store.loadAll()).records.map((r) => r.id), ['c']);
   });
 
-  test('unreadable records without journal entries are quarantined exactly as RecordFiles does', async (t) => {
-    const layout = await tempLayout(t);
-    const { store, lines } = openStore(layout);
-    await store.save(record('k8s.io', 'good1', 0));
-    await store.save(record('default', 'good2', 0, { state: 'running', pid: 7 }));
-    await store.close();
-    const valid = JSON.stringify(record('k8s.io', 'v2', 0));
-    const corrupt: { id: string; bytes: Uint8Array; reason: RegExp }[] = [
-      { id: 'truncated', bytes: Buffer.from(valid.slice(0, valid.length / 2)), reason: /not JSON/ },
-      { id: 'garbage', bytes: new Uint8Array([0x00, 0xff, 0x13, 0x37, 0xc3, 0x28]), reason: /not JSON/ },
-      { id: 'v2', bytes: Buffer.from(valid.replace('"version":1', '"version":2')), reason: /version/ },
-      { id: 'elsewhere', bytes: Buffer.from(valid.replace('"id":"v2"', '"id":"other"')), reason: /not its directory/ },
-      { id: 'empty', bytes: new Uint8Array(), reason: /not JSON/ },
-    ];
-    for (const { id, bytes } of corrupt) {
-      await mkdir(layout.sandboxDir('k8s.io', id), { recursive: true });
-      await writeFile(join(layout.sandboxDir('k8s.io', id), 'record.json'), bytes);
-    }
-    await mkdir(layout.sandboxDir('k8s.io', 'half'), { recursive: true });
-    const odd = join(layout.sandboxes, 'k8s.io', 'not a sandbox');
-    await mkdir(odd, { recursive: true });
-    await writeFile(join(odd, 'record.json'), 'junk');
-
-    const reopened = openStore(layout);
-    const loaded = await reopened.store.loadAll();
-    assert.deepEqual(loaded.records.map((r) => r.id).sort(), ['good1', 'good2']);
-    assert.deepEqual(
-      [...loaded.quarantined].sort((a, b) => a.id.localeCompare(b.id)),
-      [
-        ...corrupt.map((c) => ({ namespace: 'k8s.io', id: c.id, leftover: true })),
-        { namespace: 'k8s.io', id: 'half', leftover: true },
-        { namespace: 'k8s.io', id: 'not a sandbox', leftover: false },
-      ].sort((a, b) => a.id.localeCompare(b.id)),
-    );
-    assert.equal((await readdir(layout.quarantine)).length, corrupt.length + 1);
-    for (const { id, bytes, reason } of corrupt) {
-      const file = join(layout.sandboxDir('k8s.io', id), 'record.json');
-      const line = reopened.lines.find((l) => l.file === file);
-      assert.ok(line !== undefined, `a log line names ${file}`);
-      assert.equal(line.level, 50);
-      assert.equal(line.msg, 'sandbox record quarantined: it cannot be read; the sandbox is not served');
-      assert.match(line.reason ?? '', reason, `reason for ${id}`);
-      assert.ok(line.movedTo !== undefined && line.movedTo.startsWith(layout.quarantine));
-      assert.deepEqual(new Uint8Array(await readFile(line.movedTo)), new Uint8Array(bytes));
-    }
-    assert.ok(reopened.lines.some((l) => l.msg === 'sandbox directory has no record; its leftovers are removed'));
-    assert.equal(lines.filter((l) => l.level >= 40).length, 0, 'the first run logged no problem');
-  });
-
   test('after close() the record files alone hold the state: edits made while tsbox is stopped count', async (t) => {
     const layout = await tempLayout(t);
     const gate = new Gate();
     const { store } = openStore(layout, {
       checkpointEntries: 20,
-      fsync: async (handle: FileHandle, path: string) => {
-        if (path.startsWith(layout.sandboxes)) await gate.wait();
-        await handle.sync();
-      },
+      fsync: recordFsyncsWaitFor(layout, gate),
     });
     await store.loadAll();
     await Promise.all(Array.from({ length: 20 }, (_, i) => store.save(record('k8s.io', `old${i}`, i))));

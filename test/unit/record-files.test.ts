@@ -185,7 +185,8 @@ describe('record files', () => {
       const file = join(layout.sandboxDir('k8s.io', id), 'record.json');
       const line = lines.find((l) => l.file === file);
       assert.ok(line !== undefined, `a log line names ${file}`);
-      assert.ok(line.level >= 50, 'logged as an error');
+      assert.equal(line.level, 50, 'logged as an error');
+      assert.equal(line.msg, 'sandbox record quarantined: it cannot be read; the sandbox is not served');
       assert.match(line.reason ?? '', reason, `reason for ${id}`);
       assert.ok(line.movedTo !== undefined && line.movedTo.startsWith(layout.quarantine), 'the line says where it went');
       assert.deepEqual(new Uint8Array(await readFile(line.movedTo)), new Uint8Array(bytes), 'the bytes are kept for inspection');
@@ -201,6 +202,7 @@ describe('record files', () => {
     assert.deepEqual(loaded.records, []);
     assert.deepEqual(loaded.quarantined, [{ namespace: 'k8s.io', id: 'half', leftover: true }]);
     assert.ok(lines.some((l) => l.file === join(layout.sandboxDir('k8s.io', 'half'), 'record.json')));
+    assert.ok(lines.some((l) => l.msg === 'sandbox directory has no record; its leftovers are removed'));
   });
 
   test('a directory that cannot be a sandbox is moved aside whole and not served', async (t) => {
