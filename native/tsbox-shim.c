@@ -2,9 +2,9 @@
  * tsbox-shim: the per-sandbox supervisor.
  *
  * tsbox starts one shim per sandbox, detached in its own session. The shim
- * joins the sandbox's cgroups and network namespace, unshares the pid, ipc,
- * uts and mount namespaces, and forks the sandbox's main process (pid 1 of the
- * new pid namespace). It is that process's parent for its whole life, so it
+ * joins the sandbox's cgroups and network namespace, unshares the namespaces
+ * it is told to (pid, ipc, uts, mount), and forks the sandbox's main process
+ * (pid 1 of its pid namespace). It is that process's parent for its whole life, so it
  * alone can read the real exit status: when the process ends it writes
  * "<status> <seconds> <nanoseconds>" to <dir>/exit atomically (temp file,
  * fsync, rename, fsync of the directory), touches the notify file, and exits.
@@ -17,10 +17,20 @@
  * answers, so a sandbox that runs always has a record naming it.
  *
  * Usage: tsbox-shim --dir DIR [--notify FILE] [--netns PATH] [--hostname NAME]
- *                   [--cgroup DIR]... [--namespaces] [--cwd DIR] [--log FILE]
- *                   [-- ARGV...]
+ *                   [--cgroup DIR]... [--unshare pid,ipc,uts,mnt] [--cwd DIR]
+ *                   [--sysctl KEY=VALUE]... [--log FILE] [-- ARGV...]
  * Without ARGV the sandbox process is a built-in pause that sleeps until it is
- * signalled and exits 0 on SIGTERM or SIGINT, as the Kubernetes pause does.
+ * signalled, reaps every orphan the pod's containers leave to it (it is pid 1
+ * of the pod's pid namespace), and exits 0 on SIGTERM or SIGINT, as the
+ * Kubernetes pause does. Each namespace named by --unshare is the sandbox's
+ * own; the others are the host's (a pod's NODE namespace modes). Sysctls are
+ * written inside the sandbox's namespaces, before its process runs.
+ *
+ * Two helper modes for the pod's /dev/shm, which must live in the host's mount
+ * namespace where CRI bind-mounts it into containers:
+ *   tsbox-shim mount-shm PATH BYTES   mounts a tmpfs (mode 1777) at PATH
+ *   tsbox-shim umount PATH            detaches whatever is mounted at PATH
+ * Both exit 0 on success, else print the reason on stderr and exit 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +49,7 @@
 #include <unistd.h>
 
 #define MAX_CGROUPS 16
+#define MAX_SYSCTLS 128
 
 static const char *dir;
 static char reply[1024];
@@ -91,19 +102,80 @@ static int write_file_atomic(const char *name, const char *content) {
 
 static void on_stop_signal(int sig) { _exit(sig == SIGTERM || sig == SIGINT ? 0 : 128 + sig); }
 
+/* As pid 1 of the pod, the pause process inherits every orphan: reap them all. */
+static void on_child(int sig) {
+  (void)sig;
+  int saved = errno;
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  errno = saved;
+}
+
 static void pause_forever(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  struct sigaction sc;
+  memset(&sc, 0, sizeof sc);
+  sc.sa_handler = on_child;
+  sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sc, NULL);
+  on_child(SIGCHLD);
   for (;;) pause();
 }
 
+/* Writes VALUE to /proc/sys/KEY (dots become slashes); returns errno or 0. */
+static int apply_sysctl(const char *pair) {
+  const char *eq = strchr(pair, '=');
+  if (eq == NULL || eq == pair) return EINVAL;
+  char path[512];
+  size_t klen = (size_t)(eq - pair);
+  if (klen + 11 >= sizeof path) return ENAMETOOLONG;
+  memcpy(path, "/proc/sys/", 10);
+  for (size_t i = 0; i < klen; i++) path[10 + i] = pair[i] == '.' ? '/' : pair[i];
+  path[10 + klen] = '\0';
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int rc = write_all(fd, eq + 1, strlen(eq + 1)) < 0 ? errno : 0;
+  close(fd);
+  return rc;
+}
+
+static int helper_mode(int argc, char **argv) {
+  if (strcmp(argv[1], "mount-shm") == 0 && argc == 4) {
+    char *end;
+    unsigned long long bytes = strtoull(argv[3], &end, 10);
+    if (*end != '\0' || bytes == 0) {
+      fprintf(stderr, "mount-shm: bad size %s\n", argv[3]);
+      return 1;
+    }
+    char data[64];
+    snprintf(data, sizeof data, "mode=1777,size=%llu", bytes);
+    if (mount("shm", argv[2], "tmpfs", MS_NOEXEC | MS_NOSUID | MS_NODEV, data) < 0) {
+      fprintf(stderr, "mount tmpfs at %s: %s\n", argv[2], strerror(errno));
+      return 1;
+    }
+    return 0;
+  }
+  if (strcmp(argv[1], "umount") == 0 && argc == 3) {
+    if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
+      fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
+      return 1;
+    }
+    return 0;
+  }
+  fprintf(stderr, "usage: tsbox-shim mount-shm PATH BYTES | umount PATH\n");
+  return 2;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
   const char *notify = NULL, *netns = NULL, *hostname = NULL, *cwd = "/", *logpath = NULL;
   const char *cgroups[MAX_CGROUPS];
-  int ncgroups = 0, namespaces = 0;
+  const char *sysctls[MAX_SYSCTLS];
+  int ncgroups = 0, nsysctls = 0, unshare_flags = 0;
   char **cmd = NULL;
 
   for (int i = 1; i < argc; i++) {
@@ -112,8 +184,6 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--") == 0) {
       if (i + 1 < argc) cmd = &argv[i + 1];
       break;
-    } else if (strcmp(a, "--namespaces") == 0) {
-      namespaces = 1;
     } else if (v == NULL) {
       fail("option %s needs a value", a);
     } else if (strcmp(a, "--dir") == 0) {
@@ -128,6 +198,20 @@ int main(int argc, char **argv) {
       cwd = v, i++;
     } else if (strcmp(a, "--log") == 0) {
       logpath = v, i++;
+    } else if (strcmp(a, "--unshare") == 0) {
+      char list[64];
+      snprintf(list, sizeof list, "%s", v);
+      for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        if (strcmp(tok, "pid") == 0) unshare_flags |= CLONE_NEWPID;
+        else if (strcmp(tok, "ipc") == 0) unshare_flags |= CLONE_NEWIPC;
+        else if (strcmp(tok, "uts") == 0) unshare_flags |= CLONE_NEWUTS;
+        else if (strcmp(tok, "mnt") == 0) unshare_flags |= CLONE_NEWNS;
+        else fail("unknown namespace %s in --unshare", tok);
+      }
+      i++;
+    } else if (strcmp(a, "--sysctl") == 0) {
+      if (nsysctls == MAX_SYSCTLS) fail("too many --sysctl options");
+      sysctls[nsysctls++] = v, i++;
     } else if (strcmp(a, "--cgroup") == 0) {
       if (ncgroups == MAX_CGROUPS) fail("too many --cgroup options");
       cgroups[ncgroups++] = v, i++;
@@ -154,12 +238,16 @@ int main(int argc, char **argv) {
     close(fd);
   }
   if (netns != NULL) {
-    int fd = open(netns, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking, and checked before setns: a FIFO or device named by a caller
+       must fail the start, never hang it. */
+    int fd = open(netns, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) fail("open network namespace %s: %s", netns, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) fail("%s is not a network namespace", netns);
     if (setns(fd, CLONE_NEWNET) < 0) fail("join network namespace %s: %s", netns, strerror(errno));
     close(fd);
   }
-  if (namespaces && unshare(CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS) < 0)
+  if (unshare_flags != 0 && unshare(unshare_flags) < 0)
     fail("unshare namespaces: %s", strerror(errno));
 
   int errpipe[2];
@@ -176,13 +264,22 @@ int main(int argc, char **argv) {
     /* The sandbox process: its own process group, so tsbox can signal all of it. */
     close(errpipe[0]);
     setpgid(0, 0);
-    if (namespaces) {
+    if (unshare_flags & CLONE_NEWNS) {
       /* Mounts stay inside the sandbox; /proc shows the sandbox's own pid namespace. */
       mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-      mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-      if (hostname != NULL && sethostname(hostname, strlen(hostname)) < 0) {
-        int e = errno;
-        (void)!write(errpipe[1], &e, sizeof e);
+      if (unshare_flags & CLONE_NEWPID) mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+    if ((unshare_flags & CLONE_NEWUTS) && hostname != NULL && sethostname(hostname, strlen(hostname)) < 0) {
+      int e = errno;
+      (void)!write(errpipe[1], &e, sizeof e);
+      _exit(127);
+    }
+    for (int i = 0; i < nsysctls; i++) {
+      int e = apply_sysctl(sysctls[i]);
+      if (e != 0) {
+        /* The parent reports which one: the index travels after the errno. */
+        int msg[2] = {e, i + 1};
+        (void)!write(errpipe[1], msg, sizeof msg);
         _exit(127);
       }
     }
@@ -215,16 +312,16 @@ int main(int argc, char **argv) {
   close(errpipe[1]);
   if (logfd >= 0) close(logfd);
 
-  int child_errno = 0;
+  int msg[2] = {0, 0};
   ssize_t n;
-  do n = read(errpipe[0], &child_errno, sizeof child_errno);
+  do n = read(errpipe[0], msg, sizeof msg);
   while (n < 0 && errno == EINTR);
   close(errpipe[0]);
   if (n > 0) {
     waitpid(child, NULL, 0);
-    if (cmd != NULL)
-      fail("start %s: %s", cmd[0], strerror(child_errno));
-    fail("set up sandbox: %s", strerror(child_errno));
+    if (msg[1] > 0 && msg[1] <= nsysctls) fail("set sysctl %s: %s", sysctls[msg[1] - 1], strerror(msg[0]));
+    if (cmd != NULL) fail("start %s: %s", cmd[0], strerror(msg[0]));
+    fail("set up sandbox: %s", strerror(msg[0]));
   }
 
   char pids[64];

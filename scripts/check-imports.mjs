@@ -35,7 +35,11 @@ for (const file of walk(src)) {
       const target = relative(src, resolve(dirname(file), spec));
       const targetTop = target.split('/')[0];
       if (target.startsWith('..')) problems.push(`${rel}: imports ${spec}, outside src/`);
-      if (rule && (rule.bannedDirs.includes(targetTop) || rule.bannedFiles.includes(target.replace(/\.js$/, '.ts')))) {
+      // The controller reads Kubernetes' PodSandboxConfig, which reaches it as the bytes of an
+      // Any: the generated CRI messages (gen/runtime/) are how it decodes them, and all it may
+      // take from gen/.
+      const criMessages = layer === 'controller' && target.startsWith('gen/runtime/');
+      if (rule && !criMessages && (rule.bannedDirs.includes(targetTop) || rule.bannedFiles.includes(target.replace(/\.js$/, '.ts')))) {
         if (!(layer === 'controller' && targetTop === 'controller')) problems.push(`${rel}: the ${layer} layer must not import ${spec}`);
       }
     } else if (rule && rule.banned.includes(spec)) {

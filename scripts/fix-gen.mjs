@@ -24,6 +24,7 @@ const expected = [
   'containerd/types/metrics.ts',
   'cgroups/v1/metrics.ts',
   'cgroups/v2/metrics.ts',
+  'runtime/v1/pod_sandbox_config.ts',
   'google/protobuf/any.ts',
   'google/protobuf/timestamp.ts',
 ];

@@ -60,3 +60,25 @@ if [ ! -f "$protos/.complete" ]; then
   rm -rf "$protos/debs"
   touch "$protos/.complete"
 fi
+
+# A static busybox for the images the end-to-end tests build (pods with containers, no
+# registry): unpacked from Debian 12's package into the cache, never installed.
+busybox="$cache/busybox"
+if [ ! -x "$busybox/bin/busybox" ]; then
+  need_update
+  log "unpacking busybox-static into $busybox"
+  rm -rf "$busybox" && mkdir -p "$busybox/debs"
+  chmod 0777 "$busybox/debs"
+  (cd "$busybox/debs" && apt-get download -qq busybox-static/bookworm)
+  dpkg-deb -x "$busybox"/debs/busybox-static_*.deb "$busybox/root"
+  mkdir -p "$busybox/bin" && cp "$busybox/root/bin/busybox" "$busybox/bin/busybox"
+  rm -rf "$busybox/debs" "$busybox/root"
+fi
+
+# CNI plugins (bridge, host-local, loopback) for the pods with a network namespace of their
+# own; the tests give them addresses in 127.0.0.0/8 only, so nothing leaves the machine.
+if [ ! -x /usr/lib/cni/bridge ] || [ ! -x /usr/lib/cni/host-local ] || [ ! -x /usr/lib/cni/loopback ]; then
+  need_update
+  log "installing containernetworking-plugins"
+  apt-get install -y -qq --no-install-recommends containernetworking-plugins >/dev/null
+fi

@@ -18,7 +18,11 @@ Options (they override the config file, which overrides the defaults):
   --log-level LEVEL         fatal|error|warn|info|debug|trace|silent (info)
   --backend NAME            process (default) | noop (runs nothing; benchmarks only)
   --namespaces BOOL         own pid/ipc/uts/mount namespaces per sandbox (root: true)
-  --cgroup-parent PATH      parent cgroup of the sandboxes (tsbox)
+  --cgroup-parent PATH      parent cgroup of sandboxes that are not pods (tsbox)
+  --containerd-address PATH containerd's socket (/run/containerd/containerd.sock)
+  --containerd-root DIR     containerd's root directory (/var/lib/containerd)
+  --containerd-state DIR    containerd's state directory (/run/containerd)
+  --start-timeout-ms N      how long a sandbox may take to start (10000)
   --shutdown-drain-ms N     drain time on SIGTERM before connections close (5000)
   --recovery-concurrency N  sandboxes recovered at once at start-up (32)
 `;
@@ -44,6 +48,10 @@ const OPTIONS = {
   backend: { type: 'string' },
   namespaces: { type: 'string' },
   'cgroup-parent': { type: 'string' },
+  'containerd-address': { type: 'string' },
+  'containerd-root': { type: 'string' },
+  'containerd-state': { type: 'string' },
+  'start-timeout-ms': { type: 'string' },
   'shim-path': { type: 'string' },
   'shutdown-drain-ms': { type: 'string' },
   'recovery-concurrency': { type: 'string' },
@@ -88,9 +96,10 @@ export function containerdSnippet(config: Config): string {
   type = "sandbox"
   address = ${JSON.stringify(config.socket)}
 
-# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox.
+# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox. Their containers run
+# in containerd's runc shim, inside the pod's namespaces (runtime_type must name a real shim).
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]
-  runtime_type = "io.containerd.tsbox.v1"
+  runtime_type = "io.containerd.runc.v2"
   sandboxer = "tsbox"
 `;
 }

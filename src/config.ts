@@ -20,8 +20,16 @@ export interface Config {
   readonly shimPath: string;
   /** Give each sandbox its own pid, ipc, uts and mount namespaces (root only). */
   readonly namespaces: boolean;
-  /** Parent cgroup of the sandboxes' cgroups. */
+  /** Parent cgroup of the cgroups of sandboxes that are not Kubernetes pods. */
   readonly cgroupParent: string;
+  /** containerd's socket: its runtime shims name a pod's task socket after it. */
+  readonly containerdAddress: string;
+  /** containerd's root directory; CRI reads a pod's hostname, hosts and resolv.conf below it. */
+  readonly containerdRoot: string;
+  /** containerd's state directory; CRI mounts a pod's /dev/shm from below it. */
+  readonly containerdState: string;
+  /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
+  readonly startTimeoutMs: number;
   /** How long a shutdown lets calls in flight finish before closing connections. */
   readonly shutdownDrainMs: number;
   /** How many sandboxes are recovered at once at start-up. */
@@ -60,6 +68,10 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     shimPath: join(packageRoot, 'dist', 'bin', 'tsbox-shim'),
     namespaces: root,
     cgroupParent: 'tsbox',
+    containerdAddress: '/run/containerd/containerd.sock',
+    containerdRoot: '/var/lib/containerd',
+    containerdState: '/run/containerd',
+    startTimeoutMs: 10_000,
     shutdownDrainMs: 5000,
     recoveryConcurrency: 32,
     supervisorPollMs: 5000,
@@ -89,6 +101,10 @@ const schema = z
     shimPath: absolutePath,
     namespaces: boolFlag,
     cgroupParent: z.string().regex(/^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/, 'must be a relative cgroup path'),
+    containerdAddress: absolutePath,
+    containerdRoot: absolutePath,
+    containerdState: absolutePath,
+    startTimeoutMs: intFlag(100, 600_000),
     shutdownDrainMs: intFlag(0, 600_000),
     recoveryConcurrency: intFlag(1, 1024),
     supervisorPollMs: intFlag(100, 600_000),
@@ -132,7 +148,7 @@ export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Confi
   const { crashAt: flagCrash, ...fromFlags } = flags;
   if (fileCrash !== undefined || flagCrash !== undefined) problems.push('unknown setting(s): crash_at');
   const merged: Record<string, unknown> = { ...base, ...fromFile, ...fromFlags };
-  for (const key of ['socket', 'stateDir', 'shimPath'] as const) {
+  for (const key of ['socket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
   }

@@ -6,6 +6,7 @@ import type { RuntimeBackend } from './controller/types.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
+import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
 import { JournaledRecordStore } from './state/journaled-store.js';
 import { stateLayout } from './state/layout.js';
@@ -23,7 +24,7 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
     logger.warn('backend "noop": sandboxes run no process (for benchmarks only)');
     return new NoopBackend();
   }
-  const { manager, reason } = detectCgroups(config.cgroupParent);
+  const { manager, reason } = detectCgroups();
   if (manager === undefined) logger.warn({ reason }, 'no cgroups: Metrics will answer UNIMPLEMENTED');
   if (!config.namespaces) logger.warn('sandboxes run without their own namespaces (not root, or disabled)');
   const backend = new ProcessBackend({
@@ -31,6 +32,10 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
     shimPath: config.shimPath,
     namespaces: config.namespaces,
     cgroups: manager,
+    cgroupParent: config.cgroupParent,
+    podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
+    containerdAddress: config.containerdAddress,
+    startTimeoutMs: config.startTimeoutMs,
     logger: logger.child({ component: 'process-backend' }),
     pollIntervalMs: config.supervisorPollMs,
   });

@@ -1,8 +1,10 @@
 import type { Logger } from 'pino';
-import { TsboxError } from '../errors.js';
+import { TsboxError, messageOf } from '../errors.js';
+import { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
 import { systemClock, type Clock } from './clock.js';
 import { ExitSignal, type ExitListener } from './exit-signal.js';
-import { deriveLaunchSpec, type CreateInput } from './launch-spec.js';
+import { deriveLaunchSpec, isType, type CreateInput } from './launch-spec.js';
+import { resourcesOf, sandboxLimits, type Resources } from './pod-spec.js';
 import { SerialQueue } from './serial-queue.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
 import type {
@@ -29,12 +31,17 @@ export interface StartResult {
   readonly pid: number;
   readonly createdAt: Timestamp;
   readonly labels: Readonly<Record<string, string>>;
+  /** The task endpoint (SPEC.md section 7); '' and 0 when the backend has none. */
+  readonly address: string;
+  readonly version: number;
 }
 
 /** Status's answer. */
 export interface StatusResult {
   readonly pid: number;
   readonly state: string;
+  readonly address: string;
+  readonly version: number;
   readonly createdAt?: Timestamp;
   readonly exitedAt?: Timestamp;
   readonly info?: Record<string, string>;
@@ -47,6 +54,11 @@ export interface UpdateRequest {
   readonly annotations?: Readonly<Record<string, string>>;
   readonly fields: readonly string[];
 }
+
+const NO_ENDPOINT = { address: '', version: 0 } as const;
+
+/** For callers without a call of their own (recovery, tests): a signal that never fires. */
+const NEVER_ABORTED: CallSignal = new AbortController().signal;
 
 /** The status a sandbox reports when its exit cannot be known (containerd's convention). */
 export const UNKNOWN_EXIT_STATUS = 255;
@@ -118,7 +130,7 @@ class Sandbox {
 
   constructor(
     record: SandboxRecord,
-    readonly spec: LaunchSpec,
+    public spec: LaunchSpec,
     readonly log: Logger,
   ) {
     this.record = record;
@@ -222,7 +234,7 @@ export class Controller {
   }
 
   /** Runs the sandbox. On any failure nothing of the attempt remains and it stays created. */
-  async start(namespace: string, id: string): Promise<StartResult> {
+  async start(namespace: string, id: string, signal: CallSignal = NEVER_ABORTED): Promise<StartResult> {
     const sandbox = this.#find(namespace, id);
     return sandbox.queue.run(async () => {
       this.#ensureKnown(sandbox);
@@ -232,10 +244,11 @@ export class Controller {
       let running: RunningSandbox | undefined;
       try {
         this.#crash('start:before-spawn');
-        running = await this.#backend.start(sandbox.spec);
+        running = await this.#backend.start(sandbox.spec, signal);
         this.#crash('start:after-spawn');
         const startedAt = this.#clock();
-        await this.#write(sandbox, { state: 'running', startedAt, pid: running.pid, backend: running.handle });
+        const endpoint = this.#backend.endpoint(sandbox.spec);
+        await this.#write(sandbox, { state: 'running', startedAt, pid: running.pid, backend: running.handle, endpoint });
         sandbox.moveTo('started');
         this.#crash('start:after-record');
       } catch (err) {
@@ -243,7 +256,8 @@ export class Controller {
         throw err;
       }
       this.#watch(sandbox, running);
-      return { pid: running.pid, createdAt: sandbox.record.startedAt as Timestamp, labels: {} };
+      const { address, version } = sandbox.record.endpoint ?? NO_ENDPOINT;
+      return { pid: running.pid, createdAt: sandbox.record.startedAt as Timestamp, labels: {}, address, version };
     });
   }
 
@@ -254,7 +268,10 @@ export class Controller {
       await new Promise<void>((resolve) => running.onExit(() => resolve()));
     }
     await this.#backend.release(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'release after a failed start failed'));
-    const { startedAt: _s, pid: _p, backend: _b, ...rest } = sandbox.record;
+    await this.#backend
+      .teardown(sandbox.spec, 'shutdown')
+      .catch((err: unknown) => sandbox.log.warn({ err }, 'removing the pod files after a failed start failed'));
+    const { startedAt: _s, pid: _p, backend: _b, endpoint: _e, ...rest } = sandbox.record;
     sandbox.record = { ...rest, state: 'created' };
     try {
       await this.#store.save(sandbox.record);
@@ -325,6 +342,9 @@ export class Controller {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
     await sandbox.queue.run(async () => {
+      if (sandbox.state === 'removed') return;
+      // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).
+      await this.#backend.teardown(sandbox.spec, 'stop');
       if (sandbox.state === 'created') {
         await this.#exitUnstarted(sandbox, 'stopped before it was started');
       } else if (sandbox.state === 'running' && sandbox.running === undefined) {
@@ -367,9 +387,12 @@ export class Controller {
     const sandbox = this.#find(namespace, id);
     const { record, state } = sandbox;
     const exit = state === 'exited' ? sandbox.exit.exit ?? record.exit : undefined;
+    const { address, version } = record.endpoint ?? NO_ENDPOINT;
     const result: StatusResult = {
       state: protocolState(state),
       pid: state === 'running' ? record.pid ?? 0 : 0,
+      address,
+      version,
       ...(record.startedAt === undefined || state === 'starting' ? {} : { createdAt: record.startedAt }),
       ...(exit === undefined ? {} : { exitedAt: exit.exitedAt }),
     };
@@ -423,6 +446,7 @@ export class Controller {
         await this.#exitUnstarted(sandbox, 'shut down before it was started');
       }
       await this.#backend.release(sandbox.spec);
+      await this.#backend.teardown(sandbox.spec, 'shutdown');
       this.#crash('shutdown:before-remove');
       await this.#store.remove(namespace, id);
       this.#crash('shutdown:after-remove');
@@ -448,6 +472,20 @@ export class Controller {
       if (wants('labels')) changes.labels = { ...request.labels };
       if (wants('extensions')) changes.extensions = encodeExtensions(request.extensions);
       if (request.annotations !== undefined && wants('annotations')) changes.annotations = { ...request.annotations };
+      const resources = resourcesFromUpdate(request);
+      if (resources !== undefined) {
+        const pod = sandbox.spec.pod;
+        if (pod === undefined) throw new TsboxError('FailedPrecondition', `sandbox ${sandbox.record.id} is not a Kubernetes pod: it has no pod resources to update`);
+        if (sandbox.state !== 'running' || sandbox.running === undefined) {
+          throw new TsboxError('FailedPrecondition', `sandbox ${sandbox.record.id} is not running: there are no limits to update`);
+        }
+        const next = { ...pod };
+        if (resources.value === undefined) delete next.resources;
+        else next.resources = resources.value;
+        await this.#backend.updateResources(sandbox.spec, sandbox.running, sandboxLimits(next) ?? {});
+        sandbox.spec = { ...sandbox.spec, pod: next };
+        changes.launch = { ...sandbox.record.launch, pod: next };
+      }
       await this.#write(sandbox, changes);
       sandbox.log.info({ fields: Object.keys(changes) }, 'sandbox updated');
     });
@@ -492,6 +530,7 @@ export class Controller {
     try {
       await this.#backend.abandon(spec);
       await this.#backend.release(spec);
+      await this.#backend.teardown(spec, 'shutdown');
       await this.#store.remove(namespace, id);
     } catch (err) {
       this.#childLog(namespace, id).error({ err }, 'cannot clean up after a quarantined record');
@@ -516,7 +555,7 @@ export class Controller {
           log.error({ err }, 'cannot check for a process left by an unanswered Start; Shutdown will try again');
         }
         if (record.state === 'starting') {
-          const { startedAt: _s, pid: _p, backend: _b, ...rest } = record;
+          const { startedAt: _s, pid: _p, backend: _b, endpoint: _e, ...rest } = record;
           sandbox.record = { ...rest, state: 'created' };
           await this.#store.save(sandbox.record);
         }
@@ -558,6 +597,29 @@ export class Controller {
   close(): void {
     this.#backend.close();
   }
+}
+
+const RESOURCES_TYPE = 'runtime.v1.LinuxContainerResources';
+
+/**
+ * New pod limits carried by an Update: `sandbox.extensions["resources"]`, a CRI
+ * LinuxContainerResources, named by `fields` ("resources" or "extensions.resources") or sent
+ * with no fields at all. `{ value: undefined }` clears the limits.
+ */
+function resourcesFromUpdate(request: UpdateRequest): { value: Resources | undefined } | undefined {
+  const named = request.fields.length === 0 || request.fields.some((f) => f === 'resources' || f === 'extensions.resources' || f === 'extensions');
+  const any = request.extensions['resources'];
+  if (!named || any === undefined) return undefined;
+  if (!isType(any.typeUrl, RESOURCES_TYPE)) {
+    throw new TsboxError('InvalidArgument', `extensions["resources"] must be a ${RESOURCES_TYPE}, not ${JSON.stringify(any.typeUrl)}`);
+  }
+  let decoded;
+  try {
+    decoded = LinuxContainerResources.decode(any.value);
+  } catch (err) {
+    throw new TsboxError('InvalidArgument', `extensions["resources"]: malformed ${RESOURCES_TYPE}: ${messageOf(err)}`);
+  }
+  return { value: resourcesOf(decoded) };
 }
 
 function encodeExtensions(

@@ -1,6 +1,7 @@
-import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
 import { z } from 'zod';
 import { TsboxError, messageOf } from '../errors.js';
+import { PodSandboxConfig } from '../gen/runtime/v1/pod_sandbox_config.js';
+import { podSpecFromConfig, type PodSpec } from './pod-spec.js';
 import type { AnyValue, LaunchSpec } from './types.js';
 
 /** What a Create request says about how to run the sandbox. */
@@ -47,16 +48,21 @@ const criMetadataSchema = z
 
 const HOSTNAME = /^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,62})$/;
 
-/** Reads `hostname` (field 2) from an encoded runtime.v1.PodSandboxConfig. */
-export function hostnameFromPodSandboxConfig(bytes: Uint8Array): string | undefined {
-  const reader = new BinaryReader(bytes);
-  let hostname: string | undefined;
-  while (reader.pos < reader.len) {
-    const [field, wireType] = reader.tag();
-    if (field === 2 && wireType === WireType.LengthDelimited) hostname = reader.string();
-    else reader.skip(wireType);
+/** Decodes CRI's PodSandboxConfig (Create's `options`) and checks what it asks of the pod. */
+export function podSpecFromOptions(bytes: Uint8Array): PodSpec {
+  let config: PodSandboxConfig;
+  try {
+    config = PodSandboxConfig.decode(bytes);
+  } catch (err) {
+    throw new TsboxError('InvalidArgument', `options: malformed ${POD_SANDBOX_CONFIG}: ${messageOf(err)}`);
   }
-  return hostname === '' ? undefined : hostname;
+  return podSpecFromConfig(config);
+}
+
+/** Text that reaches execve, a path or the kernel: a NUL byte would cut it short there. */
+function noNul(what: string, value: string): string {
+  if (value.includes('\0')) throw new TsboxError('InvalidArgument', `${what} contains a NUL byte`);
+  return value;
 }
 
 function parseJson(what: string, bytes: Uint8Array): unknown {
@@ -68,24 +74,24 @@ function parseJson(what: string, bytes: Uint8Array): unknown {
 }
 
 /**
- * Derives what to run from a Create request: the pod's hostname (CRI's PodSandboxConfig in
- * `options`, else the `metadata` extension, else the OCI spec), the network namespace, and
- * the OCI spec's process when `sandbox.spec` carries one. Throws InvalidArgument for a known
- * type whose content is malformed; ignores types it does not know.
+ * Derives what to run from a Create request: for a Kubernetes pod, CRI's PodSandboxConfig in
+ * `options` (namespace modes, hostname, DNS, sysctls, cgroup, limits); else the hostname from
+ * the `metadata` extension or the OCI spec; the network namespace; and the OCI spec's
+ * process when `sandbox.spec` carries one. Throws InvalidArgument for a known type whose
+ * content is malformed or asks for what tsbox cannot do; ignores types it does not know.
  */
 export function deriveLaunchSpec(namespace: string, id: string, input: CreateInput): LaunchSpec {
   let hostname: string | undefined;
   let command: LaunchSpec['command'];
+  let pod: PodSpec | undefined;
 
   if (input.options !== undefined && isType(input.options.typeUrl, POD_SANDBOX_CONFIG)) {
-    try {
-      hostname = hostnameFromPodSandboxConfig(input.options.value);
-    } catch (err) {
-      throw new TsboxError('InvalidArgument', `options: malformed ${POD_SANDBOX_CONFIG}: ${messageOf(err)}`);
-    }
+    pod = podSpecFromOptions(input.options.value);
+    // A host-network pod keeps the host's UTS namespace, so it has no name of its own.
+    if (pod.network === 'pod' && pod.hostname !== '') hostname = pod.hostname;
   }
   const metadata = input.extensions['metadata'];
-  if (hostname === undefined && metadata !== undefined && isType(metadata.typeUrl, CRI_METADATA)) {
+  if (pod === undefined && metadata !== undefined && isType(metadata.typeUrl, CRI_METADATA)) {
     const parsed = criMetadataSchema.safeParse(parseJson('extensions["metadata"]', metadata.value));
     if (parsed.success) {
       const config = parsed.data.Metadata?.Config ?? parsed.data.Config;
@@ -99,17 +105,24 @@ export function deriveLaunchSpec(namespace: string, id: string, input: CreateInp
     }
     const process = parsed.data.process;
     if (process?.args !== undefined && process.args.length > 0) {
-      const env = process.env ?? [];
+      const env = (process.env ?? []).map((e, i) => noNul(`sandbox.spec process.env[${i}]`, e));
       command = {
-        args: process.args,
+        args: process.args.map((a, i) => noNul(`sandbox.spec process.args[${i}]`, a)),
         env: env.some((e) => e.startsWith('PATH=')) ? env : [DEFAULT_PATH, ...env],
-        cwd: process.cwd ?? '/',
+        cwd: noNul('sandbox.spec process.cwd', process.cwd ?? '/'),
       };
     }
-    if (hostname === undefined && parsed.data.hostname) hostname = parsed.data.hostname;
+    if (hostname === undefined && pod === undefined && parsed.data.hostname) hostname = parsed.data.hostname;
   }
   if (hostname !== undefined && !HOSTNAME.test(hostname)) {
     throw new TsboxError('InvalidArgument', `hostname ${JSON.stringify(hostname)} is not a valid host name`);
+  }
+  noNul('netns_path', input.netnsPath);
+  if (input.netnsPath !== '' && !input.netnsPath.startsWith('/')) {
+    throw new TsboxError('InvalidArgument', `netns_path ${JSON.stringify(input.netnsPath)} is not an absolute path`);
+  }
+  if (pod?.network === 'node' && input.netnsPath !== '') {
+    throw new TsboxError('InvalidArgument', 'netns_path is set, but the pod asks for the host network (namespace_options.network NODE)');
   }
   return {
     namespace,
@@ -117,5 +130,6 @@ export function deriveLaunchSpec(namespace: string, id: string, input: CreateInp
     ...(hostname === undefined ? {} : { hostname }),
     ...(input.netnsPath === '' ? {} : { netnsPath: input.netnsPath }),
     ...(command === undefined ? {} : { command }),
+    ...(pod === undefined ? {} : { pod }),
   };
 }

@@ -1,3 +1,5 @@
+import type { PodSpec, Resources } from './pod-spec.js';
+
 /**
  * The domain types the controller speaks, and the interfaces its collaborators implement:
  * the runtime backend (runs sandboxes) and the record store (keeps them durable). Nothing
@@ -38,6 +40,18 @@ export interface LaunchSpec {
     readonly env: readonly string[];
     readonly cwd: string;
   };
+  /** What a Kubernetes pod asks for (CRI's PodSandboxConfig); absent for other clients. */
+  readonly pod?: PodSpec;
+}
+
+/**
+ * Where containerd creates the sandbox's containers (Start's and Status's `address` and
+ * `version`, SPEC.md section 7). Version 2: containerd runs the CRI handler's runtime shim
+ * itself, and the address names the socket that shim serves for the pod.
+ */
+export interface TaskEndpoint {
+  readonly address: string;
+  readonly version: number;
 }
 
 /**
@@ -57,11 +71,28 @@ export type Recovered =
   | { readonly kind: 'running'; readonly sandbox: RunningSandbox }
   | { readonly kind: 'exited'; readonly exit: ExitInfo };
 
+/** What is torn down: at Stop the pod's files; at Shutdown everything of the pod. */
+export type TeardownStage = 'stop' | 'shutdown';
+
 /** Runs sandboxes. The process backend is the default; a no-process one serves benchmarks. */
 export interface RuntimeBackend {
   readonly name: string;
-  /** Starts the sandbox. Must leave nothing behind when it throws. */
-  start(spec: LaunchSpec): Promise<RunningSandbox>;
+  /**
+   * Starts the sandbox; `signal` (the Start call's) abandons a start that takes too long.
+   * Must leave nothing behind when it throws.
+   */
+  start(spec: LaunchSpec, signal: CallSignal): Promise<RunningSandbox>;
+  /** The task endpoint containerd is told for this sandbox. */
+  endpoint(spec: LaunchSpec): TaskEndpoint;
+  /**
+   * Removes what the backend made for the pod outside the sandbox process: at 'stop' the
+   * pod's files and mounts (first of all, as podsandbox's Stop does), at 'shutdown' also
+   * the task shim containerd ran for the pod's containers and the pod's directories.
+   * Idempotent; works after a restart from the spec alone.
+   */
+  teardown(spec: LaunchSpec, stage: TeardownStage): Promise<void>;
+  /** Applies new limits to a running sandbox (Update with resources). */
+  updateResources(spec: LaunchSpec, sandbox: RunningSandbox, resources: Resources): Promise<void>;
   /** Finds a sandbox recorded as running again after a restart. */
   recover(spec: LaunchSpec, handle: unknown): Promise<Recovered>;
   /**
@@ -98,6 +129,8 @@ export interface SandboxRecord {
   readonly annotations: Readonly<Record<string, string>>;
   readonly extensions: Readonly<Record<string, { typeUrl: string; value: string }>>;
   readonly backend?: unknown;
+  /** Set at Start; Status returns it too, also after a restart. */
+  readonly endpoint?: TaskEndpoint;
   readonly exit?: ExitInfo;
 }
 

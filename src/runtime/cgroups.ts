@@ -2,23 +2,73 @@ import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { TsboxError, messageOf } from '../errors.js';
+import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
 import { Metrics as MetricsV2 } from '../gen/cgroups/v2/metrics.js';
 
 /**
- * One cgroup per sandbox, under `<hierarchy>/<parent>/<namespace>@<id>`, created before the
- * sandbox starts (its supervisor joins it, the sandbox inherits it) and removed once it has
- * exited. Its statistics are what Metrics answers, as containerd/cgroups' v1 or v2 messages.
+ * One cgroup per sandbox, created before the sandbox starts (its supervisor joins it, the
+ * sandbox inherits it) and removed once it has exited. Its statistics are what Metrics
+ * answers, as containerd/cgroups' v1 or v2 messages. Paths are relative to the hierarchy
+ * root (see sandboxCgroupPath).
  */
 export interface CgroupManager {
   readonly version: 1 | 2;
   /** Creates the sandbox's cgroup directories; returns them (one per v1 hierarchy). */
-  create(namespace: string, id: string): Promise<string[]>;
-  /** Removes them; tolerates their absence. */
-  remove(namespace: string, id: string): Promise<void>;
+  create(path: string, limits: Resources | undefined): Promise<string[]>;
+  /** Writes new limits (Update); a limit left out is reset to unlimited. */
+  applyLimits(path: string, limits: Resources): Promise<void>;
+  /** Removes the sandbox's own directories (never its parents); tolerates their absence. */
+  remove(path: string): Promise<void>;
   /** The statistics as an Any of io.containerd.cgroups.v1.Metrics or v2.Metrics. */
-  metrics(namespace: string, id: string): Promise<AnyValue>;
+  metrics(path: string): Promise<AnyValue>;
+}
+
+/**
+ * runc's systemd slice expansion: "a-b-c.slice" lives at /a.slice/a-b.slice/a-b-c.slice,
+ * and "-.slice" is the root.
+ */
+export function expandSlice(slice: string): string {
+  const name = slice.slice(0, -'.slice'.length);
+  if (name === '-' || name === '') return '';
+  let path = '';
+  let prefix = '';
+  for (const part of name.split('-')) {
+    if (part === '') throw new TsboxError('InvalidArgument', `cgroup_parent ${JSON.stringify(slice)} is not a valid slice name`);
+    prefix = prefix === '' ? part : `${prefix}-${part}`;
+    path += `/${prefix}.slice`;
+  }
+  return path;
+}
+
+/**
+ * Where a sandbox's process lives, relative to the cgroup root. A Kubernetes pod goes where
+ * CRI would put its pause container: `<cgroup_parent>/<id>` for the cgroupfs driver, and for
+ * the systemd driver (a parent that is a `.slice`) the scope runc would make of
+ * `<slice>:cri-containerd:<id>`, so kubelet's pod cgroup holds and limits the whole pod.
+ * Other sandboxes go under tsbox's own parent, as `<ns>@<id>`.
+ */
+export function sandboxCgroupPath(defaultParent: string, namespace: string, id: string, pod: PodSpec | undefined): string {
+  const parent = pod?.cgroupParent;
+  if (parent === undefined) return `/${defaultParent}/${namespace}@${id}`.replace(/\/+/g, '/');
+  const base = parent.split('/').pop() ?? '';
+  if (base.endsWith('.slice')) return `${expandSlice(base)}/cri-containerd-${id}.scope`;
+  return `/${parent}/${id}`.replace(/\/+/g, '/');
+}
+
+/** cgroup v2's cpu.weight for CRI's cpu shares (the conversion runc and the kubelet use). */
+export function sharesToWeight(shares: number): number {
+  if (shares <= 2) return 1;
+  return Math.min(10000, 1 + Math.floor(((shares - 2) * 9999) / 262142));
+}
+
+async function writeLimit(dir: string, file: string, value: string): Promise<void> {
+  try {
+    await writeFile(join(dir, file), value);
+  } catch (err) {
+    throw new TsboxError('FailedPrecondition', `cannot set ${file} = ${value} in ${dir}: ${messageOf(err)}`, { cause: err });
+  }
 }
 
 /** What a cgroup file's "max" (no limit) becomes: 0 in v1 stats, 2^64-1 in v2, as containerd/cgroups reports them. */
@@ -83,13 +133,13 @@ function mounts(): Mount[] {
   return out;
 }
 
-const V1_CONTROLLERS = ['memory', 'cpuacct', 'cpu', 'pids'] as const;
+const V1_CONTROLLERS = ['memory', 'cpuacct', 'cpu', 'pids', 'cpuset'] as const;
 
 /**
  * Finds the cgroup file system and returns a manager, or undefined (with the reason) when
  * no writable cgroup hierarchy exists (then Metrics is Unimplemented, as SPEC.md allows).
  */
-export function detectCgroups(parent: string): { manager?: CgroupManager; reason?: string } {
+export function detectCgroups(): { manager?: CgroupManager; reason?: string } {
   if (process.getuid?.() !== 0) return { reason: 'not running as root' };
   let all: Mount[];
   try {
@@ -102,10 +152,10 @@ export function detectCgroups(parent: string): { manager?: CgroupManager; reason
     if (m.type !== 'cgroup') continue;
     for (const c of V1_CONTROLLERS) if (m.options.includes(c) && !v1.has(c)) v1.set(c, m.path);
   }
-  if (v1.has('memory') && v1.has('cpuacct')) return { manager: new CgroupV1(v1, parent) };
+  if (v1.has('memory') && v1.has('cpuacct')) return { manager: new CgroupV1(v1) };
   const unified = all.find((m) => m.type === 'cgroup2' && existsSync(join(m.path, 'cgroup.controllers')));
   if (unified !== undefined && readFileSync(join(unified.path, 'cgroup.controllers'), 'utf8').includes('memory')) {
-    return { manager: new CgroupV2(unified.path, parent) };
+    return { manager: new CgroupV2(unified.path) };
   }
   return { reason: 'no cgroup hierarchy with the memory and cpu controllers' };
 }
@@ -113,38 +163,74 @@ export function detectCgroups(parent: string): { manager?: CgroupManager; reason
 class CgroupV1 implements CgroupManager {
   readonly version = 1;
   readonly #hierarchies: ReadonlyMap<string, string>;
-  readonly #parent: string;
 
-  constructor(hierarchies: ReadonlyMap<string, string>, parent: string) {
+  constructor(hierarchies: ReadonlyMap<string, string>) {
     this.#hierarchies = hierarchies;
-    this.#parent = parent;
   }
 
-  #dir(controller: string, namespace: string, id: string): string {
-    return join(this.#hierarchies.get(controller) ?? '', this.#parent, `${namespace}@${id}`);
+  #dir(controller: string, path: string): string {
+    return join(this.#hierarchies.get(controller) ?? '', path);
   }
 
-  #dirs(namespace: string, id: string): string[] {
+  /** One directory per hierarchy; cpuset only when a cpuset limit asks for it. */
+  #dirs(path: string, withCpuset: boolean): string[] {
     const unique = new Set<string>();
-    for (const c of this.#hierarchies.keys()) unique.add(this.#dir(c, namespace, id));
+    for (const c of this.#hierarchies.keys()) if (c !== 'cpuset' || withCpuset) unique.add(this.#dir(c, path));
     return [...unique];
   }
 
-  async create(namespace: string, id: string): Promise<string[]> {
-    const dirs = this.#dirs(namespace, id);
+  async create(path: string, limits: Resources | undefined): Promise<string[]> {
+    if (limits?.unified !== undefined) {
+      throw new TsboxError('FailedPrecondition', 'the pod sets unified (cgroup v2) resources, but this node has cgroup v1');
+    }
+    const withCpuset = limits?.cpusetCpus !== undefined || limits?.cpusetMems !== undefined;
+    if (withCpuset && !this.#hierarchies.has('cpuset')) throw new TsboxError('FailedPrecondition', 'the pod sets a cpuset, but no cpuset cgroup is mounted');
+    const dirs = this.#dirs(path, withCpuset);
     for (const dir of dirs) await mkdir(dir, { recursive: true });
+    if (withCpuset) await this.#fillCpuset(path);
+    if (limits !== undefined) await this.applyLimits(path, limits);
     return dirs;
   }
 
-  async remove(namespace: string, id: string): Promise<void> {
-    for (const dir of this.#dirs(namespace, id)) await removeDir(dir);
+  /** A new v1 cpuset takes no process until its cpus and mems are set: inherit them level by level. */
+  async #fillCpuset(path: string): Promise<void> {
+    const root = this.#hierarchies.get('cpuset') ?? '';
+    let dir = root;
+    for (const part of path.split('/').filter((p) => p !== '')) {
+      const child = join(dir, part);
+      for (const file of ['cpuset.cpus', 'cpuset.mems']) {
+        if ((await readFile(join(child, file), 'utf8')).trim() === '') await writeFile(join(child, file), await readFile(join(dir, file), 'utf8'));
+      }
+      dir = child;
+    }
   }
 
-  async metrics(namespace: string, id: string): Promise<AnyValue> {
-    const mem = this.#dir('memory', namespace, id);
-    const cpu = this.#dir('cpuacct', namespace, id);
-    const pids = this.#hierarchies.has('pids') ? this.#dir('pids', namespace, id) : undefined;
-    if (!existsSync(mem)) throw new TsboxError('NotFound', `sandbox ${id} has no cgroup (not running)`);
+  async applyLimits(path: string, limits: Resources): Promise<void> {
+    const cpu = this.#dir('cpu', path);
+    const mem = this.#dir('memory', path);
+    if (this.#hierarchies.has('cpu')) {
+      await writeLimit(cpu, 'cpu.cfs_period_us', String(limits.cpuPeriod ?? 100_000));
+      await writeLimit(cpu, 'cpu.cfs_quota_us', String(limits.cpuQuota ?? -1));
+      await writeLimit(cpu, 'cpu.shares', String(limits.cpuShares ?? 1024));
+    }
+    // The swap limit (memory plus swap) must never be below the memory limit: lift it first.
+    const memsw = existsSync(join(mem, 'memory.memsw.limit_in_bytes'));
+    if (memsw) await writeLimit(mem, 'memory.memsw.limit_in_bytes', '-1');
+    await writeLimit(mem, 'memory.limit_in_bytes', String(limits.memoryLimitBytes ?? -1));
+    if (memsw && limits.memorySwapLimitBytes !== undefined) await writeLimit(mem, 'memory.memsw.limit_in_bytes', String(limits.memorySwapLimitBytes));
+    if (limits.cpusetCpus !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.cpus', limits.cpusetCpus);
+    if (limits.cpusetMems !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.mems', limits.cpusetMems);
+  }
+
+  async remove(path: string): Promise<void> {
+    for (const dir of this.#dirs(path, true)) await removeDir(dir);
+  }
+
+  async metrics(path: string): Promise<AnyValue> {
+    const mem = this.#dir('memory', path);
+    const cpu = this.#dir('cpuacct', path);
+    const pids = this.#hierarchies.has('pids') ? this.#dir('pids', path) : undefined;
+    if (!existsSync(mem)) throw new TsboxError('NotFound', `the sandbox has no cgroup ${path} (not running)`);
     const number = (path: string): Promise<bigint> => optional(readNumber(path, V1_UNLIMITED), 0n);
     const stat = await readKeyed(join(mem, 'memory.stat'));
     const s = (key: string): bigint => stat.get(key) ?? 0n;
@@ -161,7 +247,7 @@ class CgroupV1 implements CgroupManager {
       .split(/\s+/)
       .filter((v) => v !== '')
       .map(toBigInt);
-    const throttle = await optional(readKeyed(join(this.#dir('cpu', namespace, id), 'cpu.stat')), new Map<string, bigint>());
+    const throttle = await optional(readKeyed(join(this.#dir('cpu', path), 'cpu.stat')), new Map<string, bigint>());
     const metrics = MetricsV1.fromPartial({
       pids:
         pids === undefined
@@ -231,38 +317,61 @@ const camel = (key: string): string => key.replace(/_([a-z])/g, (_, c: string) =
 class CgroupV2 implements CgroupManager {
   readonly version = 2;
   readonly #root: string;
-  readonly #parent: string;
 
-  constructor(root: string, parent: string) {
+  constructor(root: string) {
     this.#root = root;
-    this.#parent = parent;
   }
 
-  #dir(namespace: string, id: string): string {
-    return join(this.#root, this.#parent, `${namespace}@${id}`);
+  #dir(path: string): string {
+    return join(this.#root, path);
   }
 
-  async create(namespace: string, id: string): Promise<string[]> {
-    const parentDir = join(this.#root, this.#parent);
-    await mkdir(parentDir, { recursive: true });
-    // Let the sandboxes' cgroups use the controllers metrics read.
-    const available = (await readFile(join(this.#root, 'cgroup.subtree_control'), 'utf8')).trim();
-    const wanted = ['cpu', 'memory', 'pids'].filter((c) => available.split(' ').includes(c));
-    if (wanted.length > 0) {
-      await writeFile(join(parentDir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(() => undefined);
+  async create(path: string, limits: Resources | undefined): Promise<string[]> {
+    // Each level down to the sandbox's parent hands the controllers on, so that the sandbox's
+    // cgroup has the files that limits and metrics use.
+    const available = (await readFile(join(this.#root, 'cgroup.controllers'), 'utf8')).trim().split(' ');
+    const wanted = ['cpu', 'memory', 'pids', ...(limits?.cpusetCpus !== undefined || limits?.cpusetMems !== undefined ? ['cpuset'] : [])].filter((c) =>
+      available.includes(c),
+    );
+    let dir = this.#root;
+    for (const part of path.split('/').filter((p) => p !== '')) {
+      if (wanted.length > 0) {
+        await writeFile(join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(
+          () => undefined /* a level with processes of its own cannot delegate: limits written below then fail with a precise error */,
+        );
+      }
+      dir = join(dir, part);
+      await mkdir(dir, { recursive: true });
     }
-    const dir = this.#dir(namespace, id);
-    await mkdir(dir, { recursive: true });
+    if (limits !== undefined) await this.applyLimits(path, limits);
     return [dir];
   }
 
-  async remove(namespace: string, id: string): Promise<void> {
-    await removeDir(this.#dir(namespace, id));
+  async applyLimits(path: string, limits: Resources): Promise<void> {
+    const dir = this.#dir(path);
+    await writeLimit(dir, 'cpu.max', `${limits.cpuQuota ?? 'max'} ${limits.cpuPeriod ?? 100_000}`);
+    await writeLimit(dir, 'cpu.weight', String(limits.cpuShares === undefined ? 100 : sharesToWeight(limits.cpuShares)));
+    await writeLimit(dir, 'memory.max', limits.memoryLimitBytes === undefined ? 'max' : String(limits.memoryLimitBytes));
+    if (existsSync(join(dir, 'memory.swap.max'))) {
+      // CRI's swap limit counts memory plus swap; cgroup v2 counts swap alone.
+      const swap =
+        limits.memorySwapLimitBytes === undefined || limits.memoryLimitBytes === undefined
+          ? 'max'
+          : String(Math.max(0, limits.memorySwapLimitBytes - limits.memoryLimitBytes));
+      await writeLimit(dir, 'memory.swap.max', swap);
+    }
+    if (limits.cpusetCpus !== undefined) await writeLimit(dir, 'cpuset.cpus', limits.cpusetCpus);
+    if (limits.cpusetMems !== undefined) await writeLimit(dir, 'cpuset.mems', limits.cpusetMems);
+    for (const [file, value] of Object.entries(limits.unified ?? {})) await writeLimit(dir, file, value);
   }
 
-  async metrics(namespace: string, id: string): Promise<AnyValue> {
-    const dir = this.#dir(namespace, id);
-    if (!existsSync(dir)) throw new TsboxError('NotFound', `sandbox ${id} has no cgroup (not running)`);
+  async remove(path: string): Promise<void> {
+    await removeDir(this.#dir(path));
+  }
+
+  async metrics(path: string): Promise<AnyValue> {
+    const dir = this.#dir(path);
+    if (!existsSync(dir)) throw new TsboxError('NotFound', `the sandbox has no cgroup ${path} (not running)`);
     const number = (path: string): Promise<bigint> => optional(readNumber(path, V2_UNLIMITED), 0n);
     const cpu = await optional(readKeyed(join(dir, 'cpu.stat')), new Map<string, bigint>());
     const memStat = await optional(readKeyed(join(dir, 'memory.stat')), new Map<string, bigint>());

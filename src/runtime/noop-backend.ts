@@ -1,5 +1,5 @@
 import { systemClock } from '../controller/clock.js';
-import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend } from '../controller/types.js';
+import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, TaskEndpoint } from '../controller/types.js';
 import { TsboxError } from '../errors.js';
 
 /** SIGKILL's exit status, as a killed process reports it. */
@@ -38,6 +38,19 @@ export class NoopBackend implements RuntimeBackend {
 
   start(_spec: LaunchSpec): Promise<RunningSandbox> {
     return Promise.resolve(new NoopSandbox());
+  }
+
+  /** No process, so no containers: containerd is told no task endpoint. */
+  endpoint(): TaskEndpoint {
+    return { address: '', version: 0 };
+  }
+
+  teardown(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  updateResources(spec: LaunchSpec): Promise<void> {
+    return Promise.reject(new TsboxError('Unimplemented', `sandbox ${spec.id} has no cgroup: the noop backend runs no process`));
   }
 
   recover(_spec: LaunchSpec, _handle: unknown): Promise<Recovered> {

@@ -1,15 +1,28 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { watch, type FSWatcher } from 'node:fs';
-import { mkdir, readFile, rm, unlink } from 'node:fs/promises';
+import { mkdir, readFile, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { systemClock } from '../controller/clock.js';
-import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend } from '../controller/types.js';
-import { TsboxError, messageOf } from '../errors.js';
+import { sandboxLimits, type Resources } from '../controller/pod-spec.js';
+import type {
+  AnyValue,
+  CallSignal,
+  ExitInfo,
+  LaunchSpec,
+  Recovered,
+  RunningSandbox,
+  RuntimeBackend,
+  TaskEndpoint,
+  TeardownStage,
+} from '../controller/types.js';
+import { TsboxError, abortError, messageOf } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
-import type { CgroupManager } from './cgroups.js';
+import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
+import type { PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
+import { shimSocketPath, stopPodShims } from './task-shim.js';
 
 /** What the process backend records to find a sandbox again: pids with their start times. */
 const handleSchema = z.object({
@@ -23,15 +36,26 @@ export type ProcessHandle = z.infer<typeof handleSchema>;
 export interface ProcessBackendOptions {
   readonly layout: StateLayout;
   readonly shimPath: string;
-  /** Own pid, ipc, uts and mount namespaces (needs root). */
+  /** Own pid, ipc, uts and mount namespaces (needs root); a pod's NODE modes keep the host's. */
   readonly namespaces: boolean;
   readonly cgroups: CgroupManager | undefined;
+  /** Parent of the cgroups of sandboxes that are not Kubernetes pods (relative to the root). */
+  readonly cgroupParent: string;
+  /** The pod files CRI mounts into containers; undefined when tsbox runs without root. */
+  readonly podFiles: PodFiles | undefined;
+  /** containerd's socket, from which its runtime shim names the pod's task socket. */
+  readonly containerdAddress: string;
+  /** How long the supervisor may take to answer its start handshake. */
+  readonly startTimeoutMs: number;
   readonly logger: Logger;
   /** How often sandboxes whose supervisor is not tsbox's child are checked for a lost supervisor. */
   readonly pollIntervalMs: number;
 }
 
 const UNKNOWN = 255;
+
+/** The longest delay setTimeout honours. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 const now = systemClock;
 
@@ -52,6 +76,8 @@ class Watched implements RunningSandbox {
   killTimer: NodeJS.Timeout | undefined;
   /** The supervisor is gone without an exit file: watch the sandbox pid itself. */
   orphaned = false;
+  /** Where the sandbox's cgroup is, for operators. */
+  cgroupPath = '';
 
   constructor(
     readonly key: string,
@@ -181,23 +207,37 @@ export class ProcessBackend implements RuntimeBackend {
     }
   }
 
-  async start(spec: LaunchSpec): Promise<RunningSandbox> {
-    const { layout, namespaces, cgroups, shimPath } = this.#opts;
+  #cgroupPath(spec: LaunchSpec): string {
+    return sandboxCgroupPath(this.#opts.cgroupParent, spec.namespace, spec.id, spec.pod);
+  }
+
+  /** The namespaces the sandbox gets of its own: all four, less those a pod takes from the host. */
+  #unshare(spec: LaunchSpec): string[] {
+    if (!this.#opts.namespaces) return [];
+    const pod = spec.pod;
+    const own = ['mnt'];
+    if (pod?.pid !== 'node') own.push('pid');
+    if (pod?.ipc !== 'node') own.push('ipc');
+    if (pod?.network !== 'node') own.push('uts');
+    return own;
+  }
+
+  async start(spec: LaunchSpec, signal: CallSignal): Promise<RunningSandbox> {
+    const { layout, cgroups, shimPath, podFiles } = this.#opts;
+    const pod = spec.pod;
+    if (pod !== undefined && !this.#opts.namespaces) {
+      throw new TsboxError('FailedPrecondition', 'a Kubernetes pod needs namespaces of its own: run tsbox as root with namespaces = true');
+    }
     const dir = layout.sandboxDir(spec.namespace, spec.id);
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await rm(join(dir, 'exit'), { force: true });
     await rm(join(dir, 'pid'), { force: true });
     const args = ['--dir', dir, '--notify', layout.exitNotice(spec.namespace, spec.id), '--log', join(dir, 'console.log')];
-    try {
-      for (const cgroup of (await cgroups?.create(spec.namespace, spec.id)) ?? []) args.push('--cgroup', cgroup);
-    } catch (err) {
-      throw new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
-    }
-    if (namespaces) {
-      args.push('--namespaces');
-      if (spec.hostname !== undefined) args.push('--hostname', spec.hostname);
-    }
+    const unshare = this.#unshare(spec);
+    if (unshare.length > 0) args.push('--unshare', unshare.join(','));
+    if (spec.hostname !== undefined && unshare.includes('uts')) args.push('--hostname', spec.hostname);
     if (spec.netnsPath !== undefined) args.push('--netns', spec.netnsPath);
+    for (const [key, value] of Object.entries(pod?.sysctls ?? {})) args.push('--sysctl', `${key}=${value}`);
     if (spec.command !== undefined) args.push('--cwd', spec.command.cwd, '--', ...spec.command.args);
     const env: Record<string, string> = {};
     for (const pair of spec.command?.env ?? []) {
@@ -205,13 +245,33 @@ export class ProcessBackend implements RuntimeBackend {
       if (eq > 0) env[pair.slice(0, eq)] = pair.slice(eq + 1);
     }
 
-    let child: ChildProcess;
+    let child: ChildProcess | undefined;
     let reply: { shimPid: number; pid: number };
+    const limits = pod === undefined ? undefined : sandboxLimits(pod);
     try {
+      if (pod !== undefined) {
+        if (podFiles === undefined) throw new TsboxError('FailedPrecondition', 'pod files need root: tsbox cannot make them here');
+        await podFiles.create(spec.id, pod);
+      }
+      if (cgroups !== undefined) {
+        const dirs = await cgroups.create(this.#cgroupPath(spec), limits).catch((err: unknown) => {
+          throw err instanceof TsboxError ? err : new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
+        });
+        for (const cgroup of dirs) args.splice(args.indexOf('--log'), 0, '--cgroup', cgroup);
+      } else if (limits !== undefined) {
+        throw new TsboxError('FailedPrecondition', 'the pod sets resource limits, but tsbox has no cgroups here');
+      }
       child = spawn(shimPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env, cwd: '/' });
-      reply = await readReply(child);
+      reply = await readReply(child, this.#opts.startTimeoutMs, signal);
+      if (limits?.oomScoreAdj !== undefined) await writeFile(`/proc/${reply.pid}/oom_score_adj`, String(limits.oomScoreAdj));
     } catch (err) {
-      await cgroups?.remove(spec.namespace, spec.id).catch(() => undefined);
+      if (child !== undefined && child.exitCode === null && child.signalCode === null) {
+        // A supervisor that did not answer in time: it and whatever it started go.
+        signalGroup(child.pid ?? 0, 'SIGKILL');
+        await this.abandon(spec).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot check for a process left by a failed start'));
+      }
+      await cgroups?.remove(this.#cgroupPath(spec)).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the cgroup of a failed start'));
+      await podFiles?.remove(spec.id).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the pod files of a failed start'));
       throw err;
     }
     child.unref();
@@ -224,12 +284,41 @@ export class ProcessBackend implements RuntimeBackend {
     };
     const key = `${spec.namespace}/${spec.id}`;
     const watched = new Watched(key, dir, handle, true);
+    watched.cgroupPath = this.#cgroupPath(spec);
     this.#watched.set(key, watched);
     // The supervisor writes the exit file before it exits, so its exit is the moment to
     // read it, also when the sandbox ended before its start time could be read.
     child.once('exit', () => void this.#collect(watched));
     if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
     return watched;
+  }
+
+  /**
+   * Version 2 (SPEC.md section 7): containerd runs the CRI handler's runtime shim for the
+   * pod's containers itself; the address is the socket that shim serves the pod on.
+   */
+  endpoint(spec: LaunchSpec): TaskEndpoint {
+    return { address: `ttrpc+unix://${shimSocketPath(this.#opts.containerdAddress, spec.namespace, spec.id)}`, version: 2 };
+  }
+
+  async teardown(spec: LaunchSpec, stage: TeardownStage): Promise<void> {
+    const { podFiles } = this.#opts;
+    if (stage === 'stop') {
+      await podFiles?.unmount(spec.id);
+      return;
+    }
+    const log = this.#log.child({ ns: spec.namespace, id: spec.id });
+    await stopPodShims(spec.namespace, spec.id, log);
+    await podFiles?.remove(spec.id);
+  }
+
+  async updateResources(spec: LaunchSpec, sandbox: RunningSandbox, limits: Resources): Promise<void> {
+    const { cgroups } = this.#opts;
+    if (cgroups === undefined) throw new TsboxError('FailedPrecondition', 'tsbox has no cgroups here: limits cannot be applied');
+    await cgroups.applyLimits(this.#cgroupPath(spec), limits);
+    if (limits.oomScoreAdj !== undefined && (await isSameProcess(sandbox.pid, (sandbox as Watched).handle.pidStart))) {
+      await writeFile(`/proc/${sandbox.pid}/oom_score_adj`, String(limits.oomScoreAdj));
+    }
   }
 
   async recover(spec: LaunchSpec, raw: unknown): Promise<Recovered> {
@@ -247,6 +336,7 @@ export class ProcessBackend implements RuntimeBackend {
       const handle = await this.#verifiedHandle(dir, parsed.data);
       if (handle !== undefined) {
         const watched = new Watched(key, dir, handle, false);
+        watched.cgroupPath = this.#cgroupPath(spec);
         this.#watched.set(key, watched);
         return { kind: 'running', sandbox: watched };
       }
@@ -258,6 +348,7 @@ export class ProcessBackend implements RuntimeBackend {
       };
     }
     const watched = new Watched(key, dir, parsed.data, false);
+    watched.cgroupPath = this.#cgroupPath(spec);
     this.#watched.set(key, watched);
     // The supervisor may have written the exit between the first read and now.
     const late = await this.#readExit(dir);
@@ -302,7 +393,7 @@ export class ProcessBackend implements RuntimeBackend {
     // it, a sandbox process is ours only if it sits in this sandbox's cgroup.
     const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => '');
     const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
-    const ours = cmdline.split('\0').includes(dir) || cgroup.includes(`/${spec.namespace}@${spec.id}\n`);
+    const ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${this.#cgroupPath(spec)}`));
     if (!ours) return;
     this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
     signalGroup(pid, 'SIGKILL');
@@ -323,13 +414,15 @@ export class ProcessBackend implements RuntimeBackend {
     };
     if (graceSeconds > 0) {
       clearTimeout(watched.killTimer);
-      watched.killTimer = setTimeout(() => void send('SIGKILL'), graceSeconds * 1000);
+      // setTimeout fires at once for delays above 2^31-1 ms (24.8 days); such a grace period
+      // is as good as unbounded, so it waits the longest a timer can.
+      watched.killTimer = setTimeout(() => void send('SIGKILL'), Math.min(graceSeconds * 1000, MAX_TIMER_MS));
     }
     await send(graceSeconds > 0 ? 'SIGTERM' : 'SIGKILL');
   }
 
   async release(spec: LaunchSpec): Promise<void> {
-    await this.#opts.cgroups?.remove(spec.namespace, spec.id);
+    await this.#opts.cgroups?.remove(this.#cgroupPath(spec));
     await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(() => undefined);
   }
 
@@ -337,7 +430,7 @@ export class ProcessBackend implements RuntimeBackend {
     const { cgroups } = this.#opts;
     if (cgroups === undefined) throw new TsboxError('Unimplemented', 'metrics need cgroups, which are not available to tsbox here');
     if (sandbox === undefined) throw new TsboxError('FailedPrecondition', `sandbox ${spec.id} is not running: it has no cgroup`);
-    return cgroups.metrics(spec.namespace, spec.id);
+    return cgroups.metrics(this.#cgroupPath(spec));
   }
 
   describe(sandbox: RunningSandbox): Record<string, unknown> {
@@ -345,7 +438,7 @@ export class ProcessBackend implements RuntimeBackend {
     return {
       supervisorPid: watched.handle.shimPid,
       directory: watched.dir,
-      cgroup: this.#opts.cgroups === undefined ? undefined : `v${this.#opts.cgroups.version}`,
+      cgroup: this.#opts.cgroups === undefined ? undefined : `v${this.#opts.cgroups.version}:${watched.cgroupPath}`,
       namespaces: this.#opts.namespaces,
       supervisorLost: watched.orphaned,
     };
@@ -358,28 +451,48 @@ export class ProcessBackend implements RuntimeBackend {
   }
 }
 
-/** Reads the supervisor's one-line answer and its stderr, then lets go of the pipes. */
-function readReply(child: ChildProcess): Promise<{ shimPid: number; pid: number }> {
+/**
+ * Reads the supervisor's one-line answer and its stderr, then lets go of the pipes. A
+ * supervisor that does not answer within `timeoutMs`, or a Start call that ends first, fails
+ * the start; the caller kills what was started.
+ */
+function readReply(child: ChildProcess, timeoutMs: number, signal: CallSignal): Promise<{ shimPid: number; pid: number }> {
   return new Promise((resolve, reject) => {
     let out = '';
     let err = '';
-    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
-    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
-    const done = (): void => {
+    let settled = false;
+    const settle = (fn: () => void): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal.removeEventListener('abort', onAbort);
       child.stdout?.destroy();
       child.stderr?.destroy();
-      const line = out.split('\n')[0] ?? '';
-      const ok = /^ok (\d+) (\d+)$/.exec(line);
-      if (ok !== null) {
-        resolve({ shimPid: Number(ok[1]), pid: Number(ok[2]) });
-      } else if (line.startsWith('error ')) {
-        reject(new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`));
-      } else {
-        reject(new TsboxError('Internal', `sandbox supervisor failed: ${(err || line || 'no answer').trim().slice(0, 300)}`));
-      }
+      fn();
     };
+    const onAbort = (): void => settle(() => reject(abortError(signal)));
+    const timer = setTimeout(
+      () => settle(() => reject(new TsboxError('FailedPrecondition', `cannot start sandbox: its supervisor did not answer within ${timeoutMs} ms (a network namespace or cgroup that blocks?)`))),
+      timeoutMs,
+    );
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
+    const done = (): void =>
+      settle(() => {
+        const line = out.split('\n')[0] ?? '';
+        const ok = /^ok (\d+) (\d+)$/.exec(line);
+        if (ok !== null) {
+          resolve({ shimPid: Number(ok[1]), pid: Number(ok[2]) });
+        } else if (line.startsWith('error ')) {
+          reject(new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`));
+        } else {
+          reject(new TsboxError('Internal', `sandbox supervisor failed: ${(err || line || 'no answer').trim().slice(0, 300)}`));
+        }
+      });
     child.once('error', (e) => {
-      reject(new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e }));
+      settle(() => reject(new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e })));
     });
     // The supervisor closes its stdout after answering; it exits early only on failure.
     child.stdout?.once('end', done);

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { podSpecSchema } from '../controller/pod-spec.js';
 
 const identifier = z.string().regex(/^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$/).max(76);
 const timestamp = z.object({ seconds: z.number().int(), nanos: z.number().int().min(0).max(999_999_999) });
@@ -18,11 +19,13 @@ export const recordSchema = z.object({
     command: z
       .object({ args: z.array(z.string()).min(1), env: z.array(z.string()), cwd: z.string() })
       .optional(),
+    pod: podSpecSchema.optional(),
   }),
   labels: z.record(z.string(), z.string()),
   annotations: z.record(z.string(), z.string()),
   extensions: z.record(z.string(), z.object({ typeUrl: z.string(), value: z.string() })),
   backend: z.unknown().optional(),
+  endpoint: z.object({ address: z.string(), version: z.number().int().min(0) }).optional(),
   exit: z
     .object({ status: z.number().int().min(0).max(255), exitedAt: timestamp, reason: z.string() })
     .optional(),

@@ -232,15 +232,15 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       return { sandboxId: req.sandboxId };
     }),
-    unary<ControllerStartRequest, ControllerStartResponse>(ControllerService.start, 'Start', async (req, _ctx, ns) => {
-      const started = await controller.start(ns, req.sandboxId);
+    unary<ControllerStartRequest, ControllerStartResponse>(ControllerService.start, 'Start', async (req, ctx, ns) => {
+      const started = await controller.start(ns, req.sandboxId, ctx.signal);
       return {
         sandboxId: req.sandboxId,
         pid: started.pid,
         createdAt: started.createdAt,
         labels: { ...started.labels },
-        address: '',
-        version: 0,
+        address: started.address,
+        version: started.version,
         spec: undefined,
       };
     }),
@@ -266,8 +266,8 @@ export function createServer(options: ServerOptions): TsboxServer {
         createdAt: status.createdAt,
         exitedAt: status.exitedAt,
         extra: undefined,
-        address: '',
-        version: 0,
+        address: status.address,
+        version: status.version,
       };
     }),
     unary<ControllerShutdownRequest, ControllerShutdownResponse>(ControllerService.shutdown, 'Shutdown', async (req, ctx, ns) => {

@@ -187,11 +187,24 @@ export interface ControllerMethods {
   ];
 }
 
+/** CRI LinuxContainerResources (int64 fields may be given as numbers). */
+export interface CriResources {
+  cpu_period?: number;
+  cpu_quota?: number;
+  cpu_shares?: number;
+  memory_limit_in_bytes?: number;
+  oom_score_adj?: number;
+  cpuset_cpus?: string;
+  memory_swap_limit_in_bytes?: number;
+  unified?: Record<string, string>;
+}
+
 /** CRI PodSandboxConfig (the parts tests set). */
 export interface PodSandboxConfig {
   metadata: { name: string; uid: string; namespace: string; attempt?: number };
   hostname?: string;
   log_directory?: string;
+  dns_config?: { servers?: string[]; searches?: string[]; options?: string[] };
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   linux?: {
@@ -200,8 +213,48 @@ export interface PodSandboxConfig {
       namespace_options?: { network?: NamespaceMode | number; pid?: NamespaceMode | number; ipc?: NamespaceMode | number };
       privileged?: boolean;
     };
+    sysctls?: Record<string, string>;
+    resources?: CriResources;
+    overhead?: CriResources;
   };
 }
+
+/** CRI ContainerConfig (the parts tests set). */
+export interface CriContainerConfig {
+  metadata: { name: string; attempt?: number };
+  image: { image: string };
+  command?: string[];
+  args?: string[];
+  envs?: { key: string; value: string }[];
+  log_path?: string;
+  labels?: Record<string, string>;
+  linux?: {
+    resources?: CriResources;
+    security_context?: {
+      namespace_options?: { network?: NamespaceMode | number; pid?: NamespaceMode | number; ipc?: NamespaceMode | number };
+      privileged?: boolean;
+    };
+  };
+}
+
+/** CRI ContainerStatus as decoded. */
+export interface CriContainerStatus {
+  id: string;
+  state: 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAINER_EXITED' | 'CONTAINER_UNKNOWN';
+  exit_code: number;
+  reason: string;
+  message: string;
+  log_path: string;
+  mounts: { container_path: string; host_path: string }[];
+}
+
+/** CRI ContainerStats as decoded (values are wrapped UInt64Value, longs as strings). */
+export interface CriContainerStats {
+  attributes: { id: string; metadata: { name: string } | null } | null;
+  cpu: { usage_core_nano_seconds: { value: string } | null } | null;
+  memory: { working_set_bytes: { value: string } | null; usage_bytes: { value: string } | null } | null;
+}
+
 /** CRI NamespaceMode: POD = 0, CONTAINER = 1, NODE = 2, TARGET = 3. */
 export type NamespaceMode = 'POD' | 'CONTAINER' | 'NODE' | 'TARGET';
 
@@ -242,6 +295,31 @@ export interface CriRuntimeMethods {
   ListPodSandbox: [
     { filter?: { id?: string; state?: { state: string } | null; label_selector?: Record<string, string> } | null },
     { items: CriPodSandbox[] },
+  ];
+  CreateContainer: [{ pod_sandbox_id: string; config: CriContainerConfig; sandbox_config: PodSandboxConfig }, { container_id: string }];
+  StartContainer: [{ container_id: string }, Record<string, never>];
+  StopContainer: [{ container_id: string; timeout: number }, Record<string, never>];
+  RemoveContainer: [{ container_id: string }, Record<string, never>];
+  ContainerStatus: [{ container_id: string; verbose?: boolean }, { status: CriContainerStatus | null; info: Record<string, string> }];
+  ListContainers: [
+    { filter?: { pod_sandbox_id?: string; id?: string } | null },
+    { containers: { id: string; pod_sandbox_id: string; state: string }[] },
+  ];
+  ExecSync: [{ container_id: string; cmd: string[]; timeout?: number }, { stdout: Buffer; stderr: Buffer; exit_code: number }];
+  ContainerStats: [{ container_id: string }, { stats: CriContainerStats | null }];
+  ListContainerStats: [{ filter?: { pod_sandbox_id?: string; id?: string } | null }, { stats: CriContainerStats[] }];
+  PodSandboxStats: [
+    { pod_sandbox_id: string },
+    {
+      stats: {
+        attributes: { id: string } | null;
+        linux: {
+          cpu: { usage_core_nano_seconds: { value: string } | null } | null;
+          memory: { working_set_bytes: { value: string } | null; usage_bytes: { value: string } | null } | null;
+          containers: CriContainerStats[];
+        } | null;
+      } | null;
+    },
   ];
 }
 

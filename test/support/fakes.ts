@@ -14,8 +14,11 @@ import type {
   RunningSandbox,
   RuntimeBackend,
   SandboxRecord,
+  TaskEndpoint,
+  TeardownStage,
   Timestamp,
 } from '../../src/controller/types.js';
+import type { Resources } from '../../src/controller/pod-spec.js';
 
 /** Exit status of a process killed by SIGKILL. */
 export const KILLED_STATUS = 137;
@@ -192,6 +195,10 @@ export class FakeBackend implements RuntimeBackend {
   readonly abandoned: string[] = [];
   /** Keys of every release() call. */
   readonly released: string[] = [];
+  /** Every teardown() call, as "<key> <stage>". */
+  readonly teardowns: string[] = [];
+  /** Every updateResources() call. */
+  readonly resourceUpdates: { key: string; limits: Resources }[] = [];
   /** Keys and handles of every recover() call. */
   readonly recoverCalls: { key: string; handle: unknown }[] = [];
   /** The `sandbox` argument of every metrics() call. */
@@ -276,6 +283,21 @@ export class FakeBackend implements RuntimeBackend {
         return Promise.resolve({ kind: 'running', sandbox });
       }
     }
+  }
+
+  /** A version-2 endpoint named after the sandbox, as the process backend gives. */
+  endpoint(spec: LaunchSpec): TaskEndpoint {
+    return { address: `ttrpc+unix:///run/fake/${spec.namespace}/${spec.id}`, version: 2 };
+  }
+
+  teardown(spec: LaunchSpec, stage: TeardownStage): Promise<void> {
+    this.teardowns.push(`${keyOf(spec.namespace, spec.id)} ${stage}`);
+    return Promise.resolve();
+  }
+
+  updateResources(spec: LaunchSpec, _sandbox: RunningSandbox, limits: Resources): Promise<void> {
+    this.resourceUpdates.push({ key: keyOf(spec.namespace, spec.id), limits });
+    return Promise.resolve();
   }
 
   abandon(spec: LaunchSpec): Promise<void> {

@@ -281,7 +281,7 @@ describe('containerdSnippet', () => {
     assert.deepEqual({ ...toml.proxy_plugins?.tsbox }, { type: 'sandbox', address: '/run/custom dir/tsbox.sock' });
     const runtime = toml.plugins?.['io.containerd.cri.v1.runtime']?.containerd?.runtimes?.tsbox;
     assert.equal(runtime?.sandboxer, 'tsbox');
-    assert.equal(runtime?.runtime_type, 'io.containerd.tsbox.v1');
+    assert.equal(runtime?.runtime_type, 'io.containerd.runc.v2', 'a real shim runs the pod\'s containers');
   });
 
   test('a socket path with quotes or backslashes stays valid TOML', () => {

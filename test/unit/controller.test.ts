@@ -48,6 +48,10 @@ function createRequest(fields: Partial<CreateRequest> = {}): CreateRequest {
 
 /** A signal that never fires: the call has no deadline. */
 const noDeadline = (): AbortSignal => new AbortController().signal;
+/** What Start and Status say when the backend gave no task endpoint (never started). */
+const NO_ENDPOINT = { address: '', version: 0 } as const;
+/** A task endpoint a record from before a restart holds. */
+const recordedEndpoint = { address: 'ttrpc+unix:///run/containerd/s/0123abcd', version: 2 } as const;
 
 /** An assert.rejects/throws validator: a TsboxError of `kind`. */
 function errorOf(kind: ErrorKind, message?: RegExp): (err: unknown) => boolean {
@@ -112,7 +116,7 @@ describe('Create', () => {
     assert.equal(record?.state, 'created');
     assert.deepEqual(record?.labels, { app: 'web' });
     assert.deepEqual(record?.annotations, { note: 'x' });
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
   });
 
   test('a duplicate (namespace, id) is ALREADY_EXISTS and leaves the first untouched', async () => {
@@ -169,7 +173,7 @@ describe('Create', () => {
     await createAndStart(controller);
     await controller.shutdown(NS, ID, noDeadline());
     await controller.create(NS, ID, createRequest());
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
     const wait = track(waitExit(controller, NS, ID, noDeadline()));
     await settle();
     assert.equal(wait.settled, false, 'the new sandbox has not exited');
@@ -193,7 +197,10 @@ describe('Start', () => {
     assert.equal(started.pid, sandbox.pid);
     assert.deepEqual(started.createdAt, clock.now());
     assert.deepEqual(started.labels, {}, 'no selinux_label unless labelling is meant');
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_READY', pid: sandbox.pid, createdAt: started.createdAt });
+    const endpoint = backend.endpoint({ namespace: NS, id: ID });
+    assert.deepEqual({ address: started.address, version: started.version }, endpoint, 'the task endpoint containerd runs containers at');
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_READY', pid: sandbox.pid, createdAt: started.createdAt, ...endpoint });
+    assert.deepEqual(store.current(NS, ID)?.endpoint, endpoint, 'recorded, so Status gives the same after a restart');
     const record = store.current(NS, ID);
     assert.equal(record?.state, 'running');
     assert.equal(record?.pid, sandbox.pid);
@@ -226,7 +233,7 @@ describe('Start', () => {
     backend.startGate = new Gate();
     const start = controller.start(NS, ID);
     await until(() => backend.startCalls.length === 1, 'backend.start called');
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
     backend.startGate.open();
     await start;
   });
@@ -273,7 +280,7 @@ describe('Start', () => {
     await assert.rejects(controller.start(NS, ID), errorOf('Internal', /cannot spawn/));
 
     assert.equal(backend.releaseCount(NS, ID), 1, 'what the attempt held was released');
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 }, 'no created_at, no pid');
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT }, 'no created_at, no pid');
     const record = store.current(NS, ID);
     assert.equal(record?.state, 'created');
     assert.equal(record?.startedAt, undefined);
@@ -341,6 +348,7 @@ describe('Status', () => {
       pid: 0,
       createdAt: started.createdAt,
       exitedAt: exit.exitedAt,
+      ...backend.endpoint({ namespace: NS, id: ID }),
     });
     assert.deepEqual(exit.exitedAt, clock.now());
   });
@@ -467,7 +475,7 @@ describe('Stop', () => {
     assert.equal(backend.kills.length, 0);
     const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.equal(exit.status, UNKNOWN_EXIT_STATUS);
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_NOTREADY', pid: 0, exitedAt: exit.exitedAt });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_NOTREADY', pid: 0, exitedAt: exit.exitedAt, ...NO_ENDPOINT });
     const record = store.current(NS, ID);
     assert.equal(record?.state, 'exited');
     assert.deepEqual(record?.exit, exit);
@@ -823,7 +831,7 @@ describe('recover', () => {
     const summary = await controller.recover(4);
     assert.equal(summary.recovered, 1);
     assert.equal(summary.created, 1);
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
     // A created record may hide a Start that never answered: its leftovers are looked for.
     assert.deepEqual(backend.abandoned, [keyOf(NS, ID)]);
     await controller.start(NS, ID);
@@ -839,19 +847,19 @@ describe('recover', () => {
     assert.deepEqual(backend.abandoned, [keyOf(NS, ID)]);
     assert.equal(backend.releaseCount(NS, ID), 1);
     assert.equal(store.current(NS, ID)?.state, 'created');
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0 });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
     await controller.start(NS, ID);
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
   });
 
   test('a running sandbox is watched again and its later exit is reported', async () => {
     const store = new MemoryRecordStore();
-    store.seed(makeRecord({ namespace: NS, id: ID, state: 'running', pid: 4321, startedAt, backend: { fakePid: 4321 } }));
+    store.seed(makeRecord({ namespace: NS, id: ID, state: 'running', pid: 4321, startedAt, backend: { fakePid: 4321 }, endpoint: recordedEndpoint }));
     const { backend, controller } = restarted(store);
     const summary = await controller.recover(4);
     assert.equal(summary.running, 1);
     assert.deepEqual(backend.recoverCalls, [{ key: keyOf(NS, ID), handle: { fakePid: 4321 } }]);
-    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_READY', pid: 4321, createdAt: startedAt });
+    assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_READY', pid: 4321, createdAt: startedAt, ...recordedEndpoint });
 
     const waiter = waitExit(controller, NS, ID, noDeadline());
     backend.sandbox(NS, ID).exitWith(6, 'crashed');
@@ -889,6 +897,7 @@ describe('recover', () => {
       pid: 0,
       createdAt: startedAt,
       exitedAt: away.exitedAt,
+      ...NO_ENDPOINT,
     });
   });
 

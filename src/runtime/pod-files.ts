@@ -1,0 +1,128 @@
+import { execFile } from 'node:child_process';
+import { copyFile, lstat, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { hostname as hostHostname } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import type { PodSpec } from '../controller/pod-spec.js';
+import { TsboxError, messageOf } from '../errors.js';
+
+const run = promisify(execFile);
+
+/** podsandbox's /dev/shm size for a pod with its own IPC namespace (64 MiB). */
+export const POD_SHM_BYTES = 64 * 1024 * 1024;
+
+/** The CRI plugin's directories (containerd 2.x keeps the 1.x plugin name for them). */
+export interface CriDirs {
+  /** `<containerd root>/io.containerd.grpc.v1.cri`: hostname, hosts, resolv.conf. */
+  readonly root: string;
+  /** `<containerd state>/io.containerd.grpc.v1.cri`: the shm mount. */
+  readonly state: string;
+}
+
+/** CRI's directories for containerd's root and state directories. */
+export function criDirs(containerdRoot: string, containerdState: string): CriDirs {
+  return { root: join(containerdRoot, 'io.containerd.grpc.v1.cri'), state: join(containerdState, 'io.containerd.grpc.v1.cri') };
+}
+
+/** Marks a sandbox directory as made by tsbox, so teardown never removes one it did not make. */
+const MARK = '.tsbox';
+
+/**
+ * The files containerd's podsandbox makes for every pod, where CRI looks for them when it
+ * creates a container (SPEC.md section 7): `hostname`, `hosts` and `resolv.conf` in CRI's
+ * sandbox root directory, and a tmpfs for `/dev/shm` in its state directory when the pod has
+ * its own IPC namespace. CRI bind-mounts each that exists into every container of the pod.
+ */
+export class PodFiles {
+  readonly #dirs: CriDirs;
+  readonly #helper: string;
+
+  /** `helper` is the supervisor binary, whose mount-shm and umount modes do the mounting. */
+  constructor(dirs: CriDirs, helper: string) {
+    this.#dirs = dirs;
+    this.#helper = helper;
+  }
+
+  /** The sandbox root directory CRI reads for pod `id`. */
+  rootDir(id: string): string {
+    return join(this.#dirs.root, 'sandboxes', id);
+  }
+
+  /** The volatile directory holding the pod's shm mount. */
+  stateDir(id: string): string {
+    return join(this.#dirs.state, 'sandboxes', id);
+  }
+
+  shmPath(id: string): string {
+    return join(this.stateDir(id), 'shm');
+  }
+
+  /** Writes the files and mounts /dev/shm. Leaves nothing behind when it throws. */
+  async create(id: string, pod: PodSpec): Promise<void> {
+    try {
+      const root = this.rootDir(id);
+      await mkdir(root, { recursive: true, mode: 0o755 });
+      await writeFile(join(root, MARK), '');
+      const name = pod.hostname === '' ? hostHostname() : pod.hostname;
+      await writeFile(join(root, 'hostname'), `${name}\n`, { mode: 0o644 });
+      await copyFile('/etc/hosts', join(root, 'hosts'));
+      if (pod.resolvConf === undefined) await copyFile('/etc/resolv.conf', join(root, 'resolv.conf'));
+      else await writeFile(join(root, 'resolv.conf'), pod.resolvConf, { mode: 0o644 });
+      if (pod.ipc === 'pod') {
+        const state = this.stateDir(id);
+        await mkdir(state, { recursive: true, mode: 0o700 });
+        await writeFile(join(state, MARK), '');
+        await mkdir(this.shmPath(id), { recursive: true, mode: 0o700 });
+        await this.#mountHelper(['mount-shm', this.shmPath(id), String(POD_SHM_BYTES)]);
+      }
+    } catch (err) {
+      await this.remove(id).catch(() => undefined /* the original failure is what the caller must hear */);
+      throw err instanceof TsboxError ? err : new TsboxError('Internal', `set up pod files: ${messageOf(err)}`, { cause: err });
+    }
+  }
+
+  /** Stop: unmounts /dev/shm and removes the three files. Idempotent. */
+  async unmount(id: string): Promise<void> {
+    if (await isOurs(this.stateDir(id))) {
+      if (await isMountPoint(this.shmPath(id))) await this.#mountHelper(['umount', this.shmPath(id)]);
+    }
+    if (await isOurs(this.rootDir(id))) {
+      for (const name of ['hostname', 'hosts', 'resolv.conf']) await rm(join(this.rootDir(id), name), { force: true });
+    }
+  }
+
+  /** Shutdown: all of the above, then both directories, if tsbox made them. Idempotent. */
+  async remove(id: string): Promise<void> {
+    await this.unmount(id);
+    for (const dir of [this.stateDir(id), this.rootDir(id)]) {
+      if (!(await isOurs(dir))) continue;
+      // /dev/shm was unmounted above (unmount throws otherwise), so only tsbox's own files remain.
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  async #mountHelper(args: string[]): Promise<void> {
+    try {
+      await run(this.#helper, args, { timeout: 10_000 });
+    } catch (err) {
+      const stderr = (err as { stderr?: string }).stderr?.trim();
+      throw new TsboxError('Internal', `${args[0]} ${args[1]}: ${stderr || messageOf(err)}`, { cause: err });
+    }
+  }
+}
+
+async function isOurs(dir: string): Promise<boolean> {
+  try {
+    return (await lstat(join(dir, MARK))).isFile();
+  } catch {
+    return false; // no mark (or no directory): not tsbox's to touch
+  }
+}
+
+/** True when something is mounted at `path` (per this mount namespace's mountinfo). */
+async function isMountPoint(path: string): Promise<boolean> {
+  const info = await readFile('/proc/self/mountinfo', 'utf8');
+  // Field 5 is the mount point, with spaces and such escaped as octal.
+  const escaped = path.replace(/[ \t\n\\]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, '0')}`);
+  return info.split('\n').some((line) => line.split(' ')[4] === escaped);
+}

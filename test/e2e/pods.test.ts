@@ -1,0 +1,423 @@
+/**
+ * Kubernetes pods with containers on tsbox, end to end through containerd's CRI plugin: the
+ * pod's containers run in containerd's runc shim inside the namespaces tsbox made, with the
+ * files, DNS, cgroup and limits that podsandbox gives them (SPEC.md section 7), and nothing
+ * of the pod is left when it is removed. Real containerd 2.x, runc, CNI bridge (127.89.0.0/24)
+ * and an image the tests build.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync, readlinkSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { LinuxContainerResources } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
+import {
+  type CriContainerConfig,
+  type PodSandboxConfig,
+  createSandboxClients,
+  expectGrpcError,
+  grpc,
+} from '../support/containerd-clients.js';
+import { BUSYBOX_IMAGE } from '../support/images.js';
+import { type PodEnv, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, startPodEnv } from '../support/pod-env.js';
+import { waitFor } from '../support/tsbox-daemon.js';
+
+const CRI_NS = 'k8s.io';
+
+describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 }, () => {
+  let env: PodEnv;
+  /** Pods run by a test, removed in `after` whatever happened. */
+  const pods = new Set<string>();
+
+  before(async () => {
+    env = await startPodEnv();
+  });
+
+  after(async () => {
+    for (const id of pods) {
+      await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => undefined);
+      await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => undefined);
+    }
+    await env?.teardown();
+  });
+
+  /** Runs `body`; on failure the message carries containerd's and tsbox's last log lines. */
+  async function withLogs(body: () => Promise<void>): Promise<void> {
+    try {
+      await body();
+    } catch (err) {
+      if (err instanceof Error) err.message = `${err.message}\n${env.logTails()}`;
+      throw err;
+    }
+  }
+
+  async function runPod(config: PodSandboxConfig): Promise<string> {
+    const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 });
+    pods.add(id);
+    return id;
+  }
+
+  async function startContainer(pod: string, podConfig: PodSandboxConfig, name: string, script: string, extra: Partial<CriContainerConfig> = {}): Promise<string> {
+    const config: CriContainerConfig = {
+      metadata: { name },
+      image: { image: BUSYBOX_IMAGE },
+      command: ['/bin/sh', '-c', script],
+      log_path: `${name}.log`,
+      ...extra,
+    };
+    const { container_id: id } = await env.cri.call('CreateContainer', { pod_sandbox_id: pod, config, sandbox_config: podConfig }, { timeoutMs: 60_000 });
+    await env.cri.call('StartContainer', { container_id: id }, { timeoutMs: 60_000 });
+    return id;
+  }
+
+  async function exec(container: string, cmd: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
+    const r = await env.cri.call('ExecSync', { container_id: container, cmd, timeout: 20 }, { timeoutMs: 30_000 });
+    return { stdout: Buffer.from(r.stdout).toString('utf8'), stderr: Buffer.from(r.stderr).toString('utf8'), code: r.exit_code };
+  }
+
+  async function sh(container: string, script: string): Promise<string> {
+    const r = await exec(container, ['/bin/sh', '-c', script]);
+    assert.equal(r.code, 0, `${script}: exit ${r.code}, stderr ${r.stderr}`);
+    return r.stdout;
+  }
+
+  async function containerState(id: string): Promise<{ state: string; exitCode: number; logPath: string }> {
+    const { status } = await env.cri.call('ContainerStatus', { container_id: id });
+    assert.ok(status);
+    return { state: status.state, exitCode: status.exit_code, logPath: status.log_path };
+  }
+
+  /** Stops and removes the pod's containers and the pod, the way kubelet does. */
+  async function removePod(id: string, containers: readonly string[]): Promise<void> {
+    for (const c of containers) await env.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
+    for (const c of containers) await env.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
+    await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+    await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+    pods.delete(id);
+  }
+
+  async function assertNothingLeft(id: string, containers: readonly string[]): Promise<void> {
+    // Processes may take a moment to be reaped after the calls answered.
+    let left = podLeftovers(env, id, containers);
+    await waitFor(
+      () => {
+        left = podLeftovers(env, id, containers);
+        return Object.values(left).every((list: string[]) => list.length === 0);
+      },
+      { what: `nothing of pod ${id} left`, timeoutMs: 15_000, describe: () => JSON.stringify(left, null, 2) },
+    );
+  }
+
+  const sandboxPid = async (id: string): Promise<number> => {
+    const { info } = await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid;
+    assert.ok(typeof pid === 'number' && pid > 0, `verbose PodSandboxStatus names the sandbox pid: ${JSON.stringify(info)}`);
+    return pid;
+  };
+
+  test('containers run in the pod: exec, logs, exit codes, SIGTERM on stop, stats, shared namespaces, files', () =>
+    withLogs(async () => {
+      const config = env.podConfig('web', {
+        hostname: 'web-host',
+        dns_config: { servers: ['127.0.0.53', '127.0.0.54'], searches: ['svc.cluster.local', 'cluster.local'], options: ['ndots:5', 'timeout:2'] },
+      });
+      const id = await runPod(config);
+      const pid = await sandboxPid(id);
+
+      // Start and Status give the same task endpoint, version 2 (containerd runs the shim).
+      const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
+      try {
+        const status = await direct.controller.call('Status', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
+        assert.equal(status.address, `ttrpc+unix://${podShimSocket(env, id)}`);
+        assert.equal(status.version, 2);
+      } finally {
+        direct.close();
+      }
+
+      const c1 = await startContainer(id, config, 'c1', 'echo hello-from-c1; trap "echo got-term; exit 3" TERM; while true; do sleep 0.2; done');
+      const c2 = await startContainer(id, config, 'c2', 'exec sleep 100000');
+      assert.equal((await containerState(c1)).state, 'CONTAINER_RUNNING');
+      assert.equal((await containerState(c2)).state, 'CONTAINER_RUNNING');
+
+      // The pod's pid namespace: pid 1 is tsbox's sandbox process, and each container sees the other.
+      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
+      assert.match(await sh(c1, 'ps -o comm'), /sleep/, 'c1 sees c2\'s sleep');
+      const ns = async (c: string): Promise<string> => sh(c, 'for n in net ipc uts pid; do readlink /proc/self/ns/$n; done');
+      const [ns1, ns2] = [await ns(c1), await ns(c2)];
+      assert.equal(ns1, ns2, 'both containers share network, IPC, UTS and pid namespaces');
+      const sandboxNs = ['net', 'ipc', 'uts', 'pid'].map((n) => readlinkSync(`/proc/${pid}/ns/${n}`)).join('\n');
+      assert.equal(ns1.trim(), sandboxNs, 'and they are the sandbox process\'s');
+      // Host network: the host's network and UTS namespaces, its own IPC and pid.
+      assert.equal(readlinkSync(`/proc/${pid}/ns/net`), readlinkSync('/proc/self/ns/net'));
+      assert.equal(readlinkSync(`/proc/${pid}/ns/uts`), readlinkSync('/proc/self/ns/uts'));
+      assert.notEqual(readlinkSync(`/proc/${pid}/ns/ipc`), readlinkSync('/proc/self/ns/ipc'));
+      assert.notEqual(readlinkSync(`/proc/${pid}/ns/pid`), readlinkSync('/proc/self/ns/pid'));
+
+      // The sandbox process reaps orphans: a background child of an exec outlives its parent, is
+      // re-parented to pid 1, and disappears (no zombie) once it ends.
+      const orphan = (await sh(c1, 'sleep 2 >/dev/null 2>&1 & echo $!')).trim();
+      await waitFor(async () => (await exec(c1, ['cat', `/proc/${orphan}/stat`])).code !== 0, {
+        what: `orphan ${orphan} reaped`,
+        timeoutMs: 15_000,
+        describe: () => 'still listed in /proc (a zombie nobody reaps?)',
+      });
+
+      // The pod's files, as podsandbox makes them, mounted by CRI.
+      assert.equal(await sh(c1, 'cat /etc/resolv.conf'), 'search svc.cluster.local cluster.local\nnameserver 127.0.0.53\nnameserver 127.0.0.54\noptions ndots:5 timeout:2\n');
+      assert.equal((await sh(c1, 'cat /etc/hostname')).trim(), 'web-host');
+      assert.equal(await sh(c1, 'cat /etc/hosts'), readFileSync('/etc/hosts', 'utf8'));
+      assert.match(await sh(c1, 'grep " /dev/shm " /proc/mounts'), /^shm \/dev\/shm tmpfs .*size=65536k/);
+      await sh(c1, 'echo shared > /dev/shm/probe');
+      assert.equal((await sh(c2, 'cat /dev/shm/probe')).trim(), 'shared', 'one /dev/shm for the whole pod');
+
+      // Logs under the pod's log directory, in CRI's format.
+      const log1 = path.join(config.log_directory ?? '', 'c1.log');
+      assert.equal((await containerState(c1)).logPath, log1);
+      await waitFor(() => readFileSync(log1, 'utf8').includes('hello-from-c1'), { what: 'c1 log line' });
+      assert.match(readFileSync(log1, 'utf8'), /^\S+ stdout F hello-from-c1$/m);
+
+      // Stats of a container, of all of them, of the pod.
+      const stats = await env.cri.call('ContainerStats', { container_id: c1 });
+      assert.equal(stats.stats?.attributes?.id, c1);
+      assert.ok(Number(stats.stats?.memory?.working_set_bytes?.value ?? 0) > 0, `c1 memory: ${JSON.stringify(stats.stats?.memory)}`);
+      const listed = await env.cri.call('ListContainerStats', { filter: { pod_sandbox_id: id } });
+      assert.deepEqual(listed.stats.map((s) => s.attributes?.id).sort(), [c1, c2].sort());
+      const podStats = await env.cri.call('PodSandboxStats', { pod_sandbox_id: id });
+      assert.equal(podStats.stats?.attributes?.id, id);
+      assert.deepEqual((podStats.stats?.linux?.containers ?? []).map((s) => s.attributes?.id).sort(), [c1, c2].sort());
+
+      // StopContainer with a grace period: SIGTERM first, the container's own exit code reaches CRI.
+      await env.cri.call('StopContainer', { container_id: c1, timeout: 20 }, { timeoutMs: 60_000 });
+      const stopped = await containerState(c1);
+      assert.equal(stopped.state, 'CONTAINER_EXITED');
+      assert.equal(stopped.exitCode, 3, 'the exit code the container chose on SIGTERM');
+      await waitFor(() => readFileSync(log1, 'utf8').includes('got-term'), { what: 'c1 logged its SIGTERM' });
+      assert.equal((await containerState(c2)).state, 'CONTAINER_RUNNING', 'the other container is untouched');
+
+      await removePod(id, [c1, c2]);
+      await assertNothingLeft(id, [c1, c2]);
+    }));
+
+  test('a container that exits by itself reports its code; removing one pod never touches another pod\'s shim', () =>
+    withLogs(async () => {
+      const configA = env.podConfig('pod-a');
+      const configB = env.podConfig('pod-b');
+      const a = await runPod(configA);
+      const b = await runPod(configB);
+      const quick = await startContainer(a, configA, 'quick', 'exit 7');
+      await waitFor(async () => (await containerState(quick)).state === 'CONTAINER_EXITED', { what: 'quick container exits' });
+      assert.equal((await containerState(quick)).exitCode, 7);
+      const keep = await startContainer(b, configB, 'keep', 'exec sleep 100000');
+      const shimB = runcShimsOf(env).filter((s) => s.sockets.includes(podShimSocket(env, b)));
+      assert.equal(shimB.length, 1, 'pod B has its own runc shim');
+
+      await removePod(a, [quick]);
+      await assertNothingLeft(a, [quick]);
+      assert.ok(runcShimsOf(env).some((s) => s.pid === shimB[0]?.pid), 'pod B\'s shim still runs');
+      assert.equal((await sh(keep, 'echo alive')).trim(), 'alive');
+      await removePod(b, [keep]);
+      await assertNothingLeft(b, [keep]);
+    }));
+
+  test('namespace modes: own network (CNI) with the pod hostname, host pid, container pid, host IPC', () =>
+    withLogs(async () => {
+      const config = env.podConfig('netpod', {
+        hostname: 'netpod-host',
+        linux: { security_context: { namespace_options: { network: 'POD', pid: 'NODE', ipc: 'NODE' } } },
+      });
+      const id = await runPod(config);
+      const pid = await sandboxPid(id);
+      const c = await startContainer(id, config, 'main', 'exec sleep 100000');
+      assert.notEqual(readlinkSync(`/proc/${pid}/ns/net`), readlinkSync('/proc/self/ns/net'), 'a network namespace of its own');
+      assert.equal((await sh(c, 'readlink /proc/self/ns/net')).trim(), readlinkSync(`/proc/${pid}/ns/net`));
+      assert.match(await sh(c, 'ip -4 addr show eth0'), /inet 127\.89\.0\.\d+\//, 'CNI gave the pod its address');
+      assert.equal((await sh(c, 'hostname')).trim(), 'netpod-host', 'its own UTS namespace, named after the pod');
+      // hostPID: the container sees the host's processes, this test runner among them.
+      assert.equal((await sh(c, 'readlink /proc/self/ns/pid')).trim(), readlinkSync('/proc/self/ns/pid'));
+      assert.equal((await exec(c, ['cat', `/proc/${process.pid}/stat`])).code, 0, 'sees the host\'s processes');
+      // hostIPC: the host's IPC namespace and /dev/shm; tsbox mounted no tmpfs.
+      assert.equal((await sh(c, 'readlink /proc/self/ns/ipc')).trim(), readlinkSync('/proc/self/ns/ipc'));
+      assert.equal(podLeftovers(env, id, []).mounts.length, 0, 'no shm mount for a pod in the host IPC namespace');
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
+
+      const own = env.podConfig('ownpid', { linux: { security_context: { namespace_options: { network: 'NODE', pid: 'CONTAINER', ipc: 'POD' } } } });
+      const id2 = await runPod(own);
+      const c2 = await startContainer(id2, own, 'main', 'exec sleep 100000');
+      assert.doesNotMatch(await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/, 'pid CONTAINER: the container is its own pid 1');
+      assert.equal((await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "')).trim(), 'sleep 100000');
+      await removePod(id2, [c2]);
+      await assertNothingLeft(id2, [c2]);
+    }));
+
+  test('sysctls in the pod\'s namespaces; the cgroup kubelet names holds the pod, with its limits and overhead; Update applies new limits', () =>
+    withLogs(async () => {
+      const parent = `/tsbox-e2e-${process.pid}/podlimits`;
+      const config = env.podConfig('limits', {
+        linux: {
+          cgroup_parent: parent,
+          security_context: { namespace_options: { network: 'POD', pid: 'POD', ipc: 'POD' } },
+          sysctls: { 'net.ipv4.ip_unprivileged_port_start': '80', 'kernel.shmmni': '1234' },
+          resources: { memory_limit_in_bytes: 96 * 1024 * 1024, cpu_shares: 256, cpu_period: 100_000, cpu_quota: 50_000 },
+          overhead: { memory_limit_in_bytes: 32 * 1024 * 1024, cpu_shares: 64 },
+        },
+      });
+      const id = await runPod(config);
+      const pid = await sandboxPid(id);
+      const c = await startContainer(id, config, 'main', 'exec sleep 100000');
+      assert.equal((await sh(c, 'cat /proc/sys/net/ipv4/ip_unprivileged_port_start')).trim(), '80');
+      assert.equal((await sh(c, 'cat /proc/sys/kernel/shmmni')).trim(), '1234');
+      assert.notEqual(readFileSync('/proc/sys/kernel/shmmni', 'utf8').trim(), '1234', 'the host keeps its own value');
+
+      const memoryCgroup = (p: number): string => {
+        const line = readFileSync(`/proc/${p}/cgroup`, 'utf8').split('\n').find((l) => /:(memory|):/.test(l) && (l.includes(':memory:') || l.startsWith('0::')));
+        return line?.slice(line.indexOf(':', line.indexOf(':') + 1) + 1) ?? '';
+      };
+      assert.equal(memoryCgroup(pid), `${parent}/${id}`, 'the sandbox sits where CRI puts a pause container');
+      const containerPid = Number((await sh(c, 'echo $$')).trim());
+      assert.ok(containerPid > 0);
+      const memRoot = cgroupRoot('memory');
+      const limit = (file: string): string => readFileSync(path.join(memRoot, parent, id, file), 'utf8').trim();
+      const cpuRoot = cgroupRoot('cpu');
+      const cpu = (file: string): string => readFileSync(path.join(cpuRoot, parent, id, file), 'utf8').trim();
+      if (memRoot.endsWith('/memory')) {
+        assert.equal(limit('memory.limit_in_bytes'), String(128 * 1024 * 1024), 'resources plus overhead');
+        assert.equal(cpu('cpu.shares'), '320');
+        assert.equal(cpu('cpu.cfs_quota_us'), '50000');
+      } else {
+        assert.equal(limit('memory.max'), String(128 * 1024 * 1024));
+        assert.equal(cpu('cpu.max'), '50000 100000');
+      }
+
+      // Update with resources (tsbox's Controller, as a later CRI sends it): new limits apply.
+      const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
+      try {
+        const resources = LinuxContainerResources.encode(
+          LinuxContainerResources.fromPartial({ memoryLimitInBytes: 200 * 1024 * 1024, cpuShares: 512 }),
+        ).finish();
+        await direct.controller.call('Update', {
+          sandbox_id: id,
+          sandboxer: TSBOX_HANDLER,
+          sandbox: {
+            sandbox_id: id,
+            sandboxer: TSBOX_HANDLER,
+            runtime: { name: 'io.containerd.runc.v2' },
+            extensions: { resources: { type_url: 'runtime.v1.LinuxContainerResources', value: Buffer.from(resources) } },
+          },
+          fields: ['extensions.resources'],
+        });
+      } finally {
+        direct.close();
+      }
+      if (memRoot.endsWith('/memory')) {
+        assert.equal(limit('memory.limit_in_bytes'), String(232 * 1024 * 1024));
+        assert.equal(cpu('cpu.shares'), '576');
+      } else {
+        assert.equal(limit('memory.max'), String(232 * 1024 * 1024));
+      }
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
+    }));
+
+  test('the systemd form of cgroup_parent puts the sandbox in the scope runc would make', () =>
+    withLogs(async () => {
+      const slice = `tsboxe2e-pod${process.pid}.slice`;
+      const id = await runPod(env.podConfig('slice', { linux: { cgroup_parent: slice, security_context: { namespace_options: { network: 'NODE' } } } }));
+      const pid = await sandboxPid(id);
+      const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
+      assert.ok(lines.includes(`:/tsboxe2e.slice/${slice}/cri-containerd-${id}.scope\n`), lines);
+      await removePod(id, []);
+      await assertNothingLeft(id, []);
+    }));
+
+  test('bad pod configs are refused with a precise reason and leave nothing behind', () =>
+    withLogs(async () => {
+      const cases: [string, PodSandboxConfig, RegExp][] = [
+        ['a sysctl that is not namespaced', env.podConfig('bad1', { linux: { sysctls: { 'kernel.pid_max': '100000' } } }), /kernel\.pid_max is not namespaced/],
+        [
+          'a net sysctl on the host network',
+          env.podConfig('bad2', { linux: { sysctls: { 'net.ipv4.ip_forward': '1' }, security_context: { namespace_options: { network: 'NODE' } } } }),
+          /host's network settings/,
+        ],
+        ['a cgroup parent outside the root', env.podConfig('bad3', { linux: { cgroup_parent: '/kubepods/../../etc' } }), /leaves the cgroup root/],
+        ['a DNS option that does not fit resolv.conf', env.podConfig('bad4', { dns_config: { options: ['ndots: 5'] } }), /does not fit in resolv\.conf/],
+        ['an unknown namespace mode', env.podConfig('bad5', { linux: { security_context: { namespace_options: { network: 'NODE', ipc: 7 } } } }), /unknown ipc namespace mode 7/],
+      ];
+      for (const [what, config, reason] of cases) {
+        const failed = await expectGrpcError(env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 }));
+        assert.match(failed.details, reason, what);
+      }
+      const listed = await env.cri.call('ListPodSandbox', {});
+      assert.deepEqual(listed.items.filter((p) => p.metadata?.name.startsWith('bad')), [], 'no pod left in CRI');
+      const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
+      try {
+        // Straight to tsbox: options that claim to be a PodSandboxConfig but are not one.
+        const garbage = await expectGrpcError(
+          direct.controller.call('Create', {
+            sandbox_id: 'garbage-options',
+            sandboxer: TSBOX_HANDLER,
+            options: { type_url: 'runtime.v1.PodSandboxConfig', value: Buffer.from([0x0a, 0xff, 0xff, 0xff]) },
+            sandbox: { sandbox_id: 'garbage-options', sandboxer: TSBOX_HANDLER, runtime: { name: 'io.containerd.runc.v2' } },
+          }),
+        );
+        assert.equal(garbage.code, grpc.status.INVALID_ARGUMENT);
+        assert.match(garbage.details, /malformed runtime\.v1\.PodSandboxConfig/);
+        const status = await expectGrpcError(direct.controller.call('Status', { sandbox_id: 'garbage-options', sandboxer: TSBOX_HANDLER }));
+        assert.equal(status.code, grpc.status.NOT_FOUND, 'nothing was registered');
+      } finally {
+        direct.close();
+      }
+    }));
+
+  test('restarts with containers running: containerd, then tsbox (SIGTERM and kill -9); the pod stays READY and comes apart cleanly', () =>
+    withLogs(async () => {
+      const config = env.podConfig('survivor');
+      const id = await runPod(config);
+      const c = await startContainer(id, config, 'main', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
+      const direct = () => createSandboxClients(env.tsbox.socketPath, CRI_NS);
+      const endpoint = async (): Promise<string> => {
+        const d = direct();
+        try {
+          const s = await d.controller.call('Status', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
+          return `${s.address} v${s.version}`;
+        } finally {
+          d.close();
+        }
+      };
+      const before = await endpoint();
+
+      await env.containerd.restart();
+      await waitFor(async () => (await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id }).catch(() => undefined))?.status?.state === 'SANDBOX_READY', {
+        what: 'pod READY after containerd restart',
+        timeoutMs: 30_000,
+      });
+      assert.equal((await sh(c, 'echo after-containerd-restart')).trim(), 'after-containerd-restart');
+
+      await env.tsbox.restart();
+      assert.equal(await endpoint(), before, 'Status gives the same endpoint after tsbox restarts');
+      await env.tsbox.kill9();
+      await env.tsbox.start();
+      assert.equal(await endpoint(), before);
+      assert.equal((await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id })).status?.state, 'SANDBOX_READY');
+      assert.equal((await sh(c, 'echo still-running')).trim(), 'still-running');
+
+      await env.cri.call('StopContainer', { container_id: c, timeout: 10 }, { timeoutMs: 60_000 });
+      assert.equal((await containerState(c)).exitCode, 0);
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
+    }));
+});
+
+/** The mount point of a cgroup v1 controller, or the v2 root. */
+function cgroupRoot(controller: string): string {
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    const [type, , options] = (right ?? '').split(' ');
+    const point = left?.split(' ')[4];
+    if (type === 'cgroup' && (options ?? '').split(',').includes(controller) && point !== undefined) return point;
+  }
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    if ((right ?? '').startsWith('cgroup2 ')) return left?.split(' ')[4] ?? '/sys/fs/cgroup';
+  }
+  return '/sys/fs/cgroup';
+}

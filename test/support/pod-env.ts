@@ -1,0 +1,323 @@
+/**
+ * A node for pods with containers: a private containerd 2.x whose CRI plugin has a runtime
+ * handler `tsbox` (sandboxer tsbox, `runtime_type = "io.containerd.runc.v2"`, SPEC.md
+ * section 7) next to containerd's own default handler `runc` (podsandbox), tsbox serving the
+ * sandboxer socket with containerd's directories, the test images imported, and a CNI bridge
+ * whose pod addresses lie in 127.0.0.0/8 (no traffic leaves the machine). Shared by the
+ * end-to-end tests of pods and the pod benchmark.
+ */
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, rmdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import {
+  type CriRuntimeMethods,
+  type PodSandboxConfig,
+  type UnaryClient,
+  createCriRuntimeClient,
+} from './containerd-clients.js';
+import { type Containerd, containerdUnavailableReason, startContainerd } from './containerd.js';
+import { importTestImages } from './images.js';
+import { type SandboxerDaemon, createSandboxerDaemon, makeTempDir, removeTree, tsboxSandboxer, waitFor } from './tsbox-daemon.js';
+
+export const TSBOX_HANDLER = 'tsbox';
+/** containerd's own default handler: podsandbox (a pause container) and runc. */
+export const RUNC_HANDLER = 'runc';
+
+export interface PodEnv {
+  readonly tsbox: SandboxerDaemon;
+  readonly containerd: Containerd;
+  readonly cri: UnaryClient<CriRuntimeMethods>;
+  /** Where pods' log directories go. */
+  readonly logRoot: string;
+  /** The CNI bridge pods with their own network join. */
+  readonly bridge: string;
+  /** containerd's CRI sandbox root dir (hostname, hosts, resolv.conf) of pod `id`. */
+  criRootDir(id: string): string;
+  /** containerd's CRI volatile sandbox dir (shm) of pod `id`. */
+  criStateDir(id: string): string;
+  /** A fresh PodSandboxConfig with a log directory that exists. */
+  podConfig(name: string, overrides?: Partial<PodSandboxConfig>): PodSandboxConfig;
+  logTails(): string;
+  teardown(): Promise<void>;
+}
+
+/** Pod subnet of the test bridge: loopback range, distinct from other tools' ranges. */
+const POD_SUBNET = '127.89.0.0/24';
+
+function cniConfig(bridge: string, dataDir: string): string {
+  return JSON.stringify(
+    {
+      cniVersion: '1.0.0',
+      name: 'tsbox-e2e',
+      plugins: [
+        {
+          type: 'bridge',
+          bridge,
+          isGateway: false,
+          ipMasq: false,
+          ipam: { type: 'host-local', ranges: [[{ subnet: POD_SUBNET }]], dataDir },
+        },
+        { type: 'loopback' },
+      ],
+    },
+    null,
+    2,
+  );
+}
+
+/** Starts the node. Never skips: without root, containerd or the images it fails, saying why. */
+export async function startPodEnv(options: { containerdLogLevel?: string; tsboxLogLevel?: string } = {}): Promise<PodEnv> {
+  const missing = containerdUnavailableReason();
+  if (missing !== undefined) throw new Error(missing);
+  let containerd: Containerd | undefined;
+  const base = tsboxSandboxer();
+  const tsbox = await createSandboxerDaemon({
+    ...base,
+    command: (paths) => {
+      const cmd = base.command(paths);
+      const c = containerd;
+      if (c === undefined) throw new Error('containerd must run before tsbox is started');
+      const args = cmd.args.map((a, i) => (cmd.args[i - 1] === '--log-level' && options.tsboxLogLevel !== undefined ? options.tsboxLogLevel : a));
+      return {
+        ...cmd,
+        args: [
+          ...args,
+          '--containerd-address',
+          c.address,
+          '--containerd-root',
+          c.paths.root,
+          '--containerd-state',
+          c.paths.state,
+        ],
+      };
+    },
+  });
+  const work = await makeTempDir('pods-e2e-');
+  const bridge = `tsbx${process.pid.toString(36).slice(-6)}`;
+  let cri: UnaryClient<CriRuntimeMethods> | undefined;
+  try {
+    containerd = await startContainerd({
+      sandboxerSocket: tsbox.socketPath,
+      sandboxerName: TSBOX_HANDLER,
+      runtimeType: 'io.containerd.runc.v2',
+      logLevel: options.containerdLogLevel ?? 'info',
+      extraToml: `
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
+  runtime_type = "io.containerd.runc.v2"
+  sandboxer = "podsandbox"
+`,
+    });
+    // CNI: containerd's private bin dir gets the Debian plugins, its conf dir our bridge.
+    for (const plugin of ['bridge', 'host-local', 'loopback']) {
+      const target = path.join(containerd.paths.cniBinDir, plugin);
+      if (!existsSync(target)) symlinkSync(path.join('/usr/lib/cni', plugin), target);
+    }
+    writeFileSync(path.join(containerd.paths.cniConfDir, '10-tsbox-e2e.conflist'), cniConfig(bridge, path.join(work, 'ipam')));
+    await tsbox.start();
+    const client = createCriRuntimeClient(containerd.address);
+    cri = client;
+    await waitFor(
+      async () => {
+        try {
+          const st = await client.call('Status', {}, { timeoutMs: 2_000 });
+          const ready = (type: string): boolean => st.status?.conditions.some((c) => c.type === type && c.status) === true;
+          return ready('RuntimeReady') && ready('NetworkReady');
+        } catch {
+          return false;
+        }
+      },
+      { what: 'CRI RuntimeReady and NetworkReady', timeoutMs: 60_000, describe: () => containerd?.logTail() ?? '' },
+    );
+    await importTestImages(containerd, work);
+  } catch (err) {
+    cri?.close();
+    await containerd?.teardown();
+    await tsbox.teardown();
+    await removeTree(work);
+    throw err;
+  }
+  const c = containerd;
+  const logRoot = path.join(work, 'pod-logs');
+  mkdirSync(logRoot, { recursive: true });
+  let podCount = 0;
+  // The pods' cgroups (kubelet's part) all live below this one, removed at teardown.
+  const cgroupScope = `/tsbox-e2e-${process.pid}`;
+  return {
+    tsbox,
+    containerd: c,
+    cri,
+    logRoot,
+    bridge,
+    criRootDir: (id) => path.join(c.paths.root, 'io.containerd.grpc.v1.cri', 'sandboxes', id),
+    criStateDir: (id) => path.join(c.paths.state, 'io.containerd.grpc.v1.cri', 'sandboxes', id),
+    podConfig(name, overrides = {}) {
+      const uid = `${name}-${process.pid}-${++podCount}`;
+      const logDirectory = path.join(logRoot, uid);
+      mkdirSync(logDirectory, { recursive: true });
+      return {
+        metadata: { name, namespace: 'e2e', uid, attempt: 0 },
+        hostname: name,
+        log_directory: logDirectory,
+        labels: { app: 'tsbox-e2e' },
+        annotations: {},
+        ...overrides,
+        // kubelet always names the pod's cgroup; CRI reads pod stats from it.
+        linux: {
+          cgroup_parent: `${cgroupScope}/pod${uid}`,
+          security_context: { namespace_options: { network: 'NODE', pid: 'POD', ipc: 'POD' } },
+          ...overrides.linux,
+        },
+      };
+    },
+    logTails: () => [c.logTail(40), tsbox.logTail(40)].join('\n'),
+    async teardown() {
+      cri.close();
+      await c.teardown();
+      await tsbox.teardown();
+      for (const root of cgroupRoots()) removeEmptyTree(path.join(root, cgroupScope));
+      try {
+        execFileSync('ip', ['link', 'del', bridge], { stdio: 'ignore' });
+      } catch {
+        // no bridge: no pod with its own network ran
+      }
+      await removeTree(work);
+    },
+  };
+}
+
+/** What is left on the host of pod `id`: processes, mounts, cgroup directories, files. */
+export interface PodLeftovers {
+  readonly processes: string[];
+  readonly mounts: string[];
+  readonly cgroups: string[];
+  readonly files: string[];
+}
+
+function cgroupRoots(): string[] {
+  const out: string[] = [];
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    const type = right?.split(' ')[0];
+    const point = left?.split(' ')[4];
+    if (point !== undefined && (type === 'cgroup' || type === 'cgroup2')) out.push(point);
+  }
+  return out;
+}
+
+/** Removes a cgroup directory tree bottom-up (cgroup directories are removed with rmdir). */
+function removeEmptyTree(dir: string): void {
+  let entries;
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return; // absent in this hierarchy
+  }
+  for (const e of entries) if (e.isDirectory()) removeEmptyTree(path.join(dir, e.name));
+  try {
+    rmdirSync(dir);
+  } catch (err) {
+    process.stderr.write(`# pod env teardown: cannot remove cgroup ${dir}: ${String(err)}\n`);
+  }
+}
+
+/** Directories named `name` (or containing it) anywhere below `dir`, at most `depth` deep. */
+function findNamed(dir: string, needle: string, depth: number): string[] {
+  if (depth < 0) return [];
+  let entries;
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return [];
+  }
+  const out: string[] = [];
+  for (const e of entries) {
+    if (!e.isDirectory()) continue;
+    const full = path.join(dir, e.name);
+    if (e.name.includes(needle)) out.push(full);
+    else out.push(...findNamed(full, needle, depth - 1));
+  }
+  return out;
+}
+
+/**
+ * Everything of pod `id` (and its containers `containerIds`) still on the host, found
+ * without asking tsbox or containerd: processes whose command line, cgroup or mount namespace
+ * names the pod or a container (runc shims serving it included), mount points, cgroup
+ * directories, and the pod's directories in tsbox's and containerd's state.
+ */
+export function podLeftovers(env: PodEnv, id: string, containerIds: readonly string[]): PodLeftovers {
+  const names = [id, ...containerIds];
+  const processes: string[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    let cmdline = '';
+    let cgroup = '';
+    let stat = '';
+    try {
+      cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0').join(' ');
+      cgroup = readFileSync(`/proc/${entry}/cgroup`, 'utf8');
+      stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')) continue;
+    if (names.some((n) => cmdline.includes(n) || cgroup.includes(n))) processes.push(`${entry}: ${cmdline.slice(0, 160)}`);
+  }
+  const socket = podShimSocket(env, id);
+  for (const shim of runcShimsOf(env)) {
+    if (shim.sockets.includes(socket)) processes.push(`${shim.pid}: runc shim serving the pod on ${socket}`);
+  }
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((line) => line.split(' ')[4] ?? '')
+    .filter((point) => names.some((n) => point.includes(n)));
+  const cgroups = cgroupRoots().flatMap((root) => names.flatMap((n) => findNamed(root, n, 6)));
+  const files = [
+    socket,
+    env.criRootDir(id),
+    env.criStateDir(id),
+    path.join(env.tsbox.stateDir, 'sandboxes', 'k8s.io', id),
+  ].filter((p) => existsSync(p));
+  return { processes: [...new Set(processes)], mounts, cgroups: [...new Set(cgroups)], files };
+}
+
+/**
+ * containerd's pkg/shim names the socket of a grouped runc shim after containerd's address,
+ * the namespace and the pod's id: /run/containerd/s/<sha256 of "<address>/<ns>/<id>">.
+ */
+export function podShimSocket(env: PodEnv, id: string, namespace = 'k8s.io'): string {
+  return `/run/containerd/s/${createHash('sha256').update(path.join(env.containerd.address, namespace, id)).digest('hex')}`;
+}
+
+/** The containerd-shim processes of the test containerd, each with the unix sockets it listens on. */
+export function runcShimsOf(env: PodEnv): { pid: number; sockets: string[] }[] {
+  const byInode = new Map<string, string>();
+  for (const line of readFileSync('/proc/net/unix', 'utf8').split('\n').slice(1)) {
+    const f = line.trim().split(/\s+/);
+    if (f[6] !== undefined && f[7] !== undefined) byInode.set(f[6], f[7]);
+  }
+  const out: { pid: number; sockets: string[] }[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    let argv: string[];
+    try {
+      argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+    } catch {
+      continue;
+    }
+    if (!path.basename(argv[0] ?? '').startsWith('containerd-shim') || !argv.includes(env.containerd.address)) continue;
+    const sockets: string[] = [];
+    try {
+      for (const fd of readdirSync(`/proc/${entry}/fd`)) {
+        const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${entry}/fd/${fd}`));
+        const socket = m === null ? undefined : byInode.get(m[1] as string);
+        if (socket !== undefined) sockets.push(socket);
+      }
+    } catch {
+      continue; // gone meanwhile
+    }
+    out.push({ pid: Number(entry), sockets });
+  }
+  return out;
+}
