@@ -37,6 +37,9 @@ fi
 step "lint"
 npm run -s lint
 
+step "CRI validation (critest): tsbox pods against containerd's podsandbox"
+bash scripts/critest.sh
+
 step "tests"
 node --test --test-concurrency=1 --expose-gc \
   dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/e2e/*.test.js

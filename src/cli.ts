@@ -22,6 +22,7 @@ Options (they override the config file, which overrides the defaults):
   --containerd-address PATH containerd's socket (/run/containerd/containerd.sock)
   --containerd-root DIR     containerd's root directory (/var/lib/containerd)
   --containerd-state DIR    containerd's state directory (/run/containerd)
+  --containerd-config FILE  containerd's config, checked at start-up (/etc/containerd/config.toml)
   --start-timeout-ms N      how long a sandbox may take to start (10000)
   --shutdown-drain-ms N     drain time on SIGTERM before connections close (5000)
   --recovery-concurrency N  sandboxes recovered at once at start-up (32)
@@ -52,6 +53,7 @@ const OPTIONS = {
   'containerd-root': { type: 'string' },
   'containerd-state': { type: 'string' },
   'start-timeout-ms': { type: 'string' },
+  'containerd-config': { type: 'string' },
   'shim-path': { type: 'string' },
   'shutdown-drain-ms': { type: 'string' },
   'recovery-concurrency': { type: 'string' },

@@ -28,6 +28,8 @@ export interface Config {
   readonly containerdRoot: string;
   /** containerd's state directory; CRI mounts a pod's /dev/shm from below it. */
   readonly containerdState: string;
+  /** containerd's config file, read at start-up to check the CRI handlers that use tsbox. */
+  readonly containerdConfig: string;
   /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
   readonly startTimeoutMs: number;
   /** How long a shutdown lets calls in flight finish before closing connections. */
@@ -71,6 +73,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     containerdAddress: '/run/containerd/containerd.sock',
     containerdRoot: '/var/lib/containerd',
     containerdState: '/run/containerd',
+    containerdConfig: '/etc/containerd/config.toml',
     startTimeoutMs: 10_000,
     shutdownDrainMs: 5000,
     recoveryConcurrency: 32,
@@ -104,6 +107,7 @@ const schema = z
     containerdAddress: absolutePath,
     containerdRoot: absolutePath,
     containerdState: absolutePath,
+    containerdConfig: absolutePath,
     startTimeoutMs: intFlag(100, 600_000),
     shutdownDrainMs: intFlag(0, 600_000),
     recoveryConcurrency: intFlag(1, 1024),
@@ -148,7 +152,7 @@ export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Confi
   const { crashAt: flagCrash, ...fromFlags } = flags;
   if (fileCrash !== undefined || flagCrash !== undefined) problems.push('unknown setting(s): crash_at');
   const merged: Record<string, unknown> = { ...base, ...fromFile, ...fromFlags };
-  for (const key of ['socket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState'] as const) {
+  for (const key of ['socket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
   }

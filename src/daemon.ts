@@ -1,10 +1,12 @@
 import { mkdir } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
+import { messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import type { RuntimeBackend } from './controller/types.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
+import { findShimBinary, sandboxerHandlers, shimBinaryName } from './runtime/cri-handlers.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
@@ -43,6 +45,34 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
   return backend;
 }
 
+/**
+ * Pods on tsbox run their containers in the shim that the CRI handler's runtime_type names
+ * (SPEC.md section 7): says so loudly at start-up when that cannot work.
+ */
+function checkContainerShims(config: Config, logger: Logger): void {
+  const runc = 'io.containerd.runc.v2';
+  if (findShimBinary(runc) === undefined) {
+    logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox cannot run containers`);
+  }
+  let handlers;
+  try {
+    handlers = sandboxerHandlers(config.containerdConfig, 'tsbox');
+  } catch (err) {
+    logger.warn({ err }, `cannot read containerd's config to check the CRI handlers that use tsbox: ${messageOf(err)}`);
+    return;
+  }
+  for (const handler of handlers) {
+    if (handler.shim === undefined) {
+      logger.error(
+        { handler: handler.name, runtimeType: handler.runtimeType, file: handler.file },
+        `CRI runtime handler "${handler.name}" puts pods on tsbox with runtime_type "${handler.runtimeType}", which names no shim binary (${shimBinaryName(handler.runtimeType || '?')} is not on PATH): its pods can run no container; set runtime_type = "${runc}"`,
+      );
+    } else {
+      logger.info({ handler: handler.name, runtimeType: handler.runtimeType, shim: handler.shim }, 'CRI runtime handler uses tsbox');
+    }
+  }
+}
+
 /** The crash-test hook: dies with SIGKILL at the configured point; nothing when unset. */
 function crashHook(crashAt: string, logger: Logger): ((point: CrashPoint) => void) | undefined {
   if (crashAt === '') return undefined;
@@ -64,6 +94,7 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   // Before recovery, so a second instance never touches the first one's sandboxes.
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
+  if (config.backend === 'process') checkContainerShims(config, logger);
   const backend = await createBackend(config, logger);
   // Records: every change is group-committed to a journal (one fdatasync for all the
   // changes that arrive during the previous one) before the RPC is answered; record files

@@ -6,7 +6,8 @@
  * and an image the tests build.
  */
 import assert from 'node:assert/strict';
-import { readFileSync, readlinkSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { LinuxContainerResources } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
@@ -19,7 +20,7 @@ import {
 } from '../support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../support/images.js';
 import { type PodEnv, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, startPodEnv } from '../support/pod-env.js';
-import { waitFor } from '../support/tsbox-daemon.js';
+import { startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -122,6 +123,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       });
       const id = await runPod(config);
       const pid = await sandboxPid(id);
+      assert.match(readFileSync(env.tsbox.logPath, 'utf8'), /"handler":"tsbox","runtimeType":"io.containerd.runc.v2".*CRI runtime handler uses tsbox/, 'tsbox checked the handler at start-up');
 
       // Start and Status give the same task endpoint, version 2 (containerd runs the shim).
       const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
@@ -242,7 +244,10 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
 
       const own = env.podConfig('ownpid', { linux: { security_context: { namespace_options: { network: 'NODE', pid: 'CONTAINER', ipc: 'POD' } } } });
       const id2 = await runPod(own);
-      const c2 = await startContainer(id2, own, 'main', 'exec sleep 100000');
+      // kubelet gives each container the pod's namespace options.
+      const c2 = await startContainer(id2, own, 'main', 'exec sleep 100000', {
+        linux: { security_context: { namespace_options: { network: 'NODE', pid: 'CONTAINER', ipc: 'POD' } } },
+      });
       assert.doesNotMatch(await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/, 'pid CONTAINER: the container is its own pid 1');
       assert.equal((await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "')).trim(), 'sleep 100000');
       await removePod(id2, [c2]);
@@ -405,6 +410,24 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       await removePod(id, [c]);
       await assertNothingLeft(id, [c]);
     }));
+});
+
+describe('a CRI handler whose runtime cannot run containers', () => {
+  test('is named at start-up in tsbox\'s log, with the fix', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'bad-handler-'));
+    const config = path.join(dir, 'config.toml');
+    writeFileSync(config, 'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]\n  runtime_type = "io.containerd.tsbox.v1"\n  sandboxer = "tsbox"\n');
+    const base = tsboxSandboxer();
+    const daemon = await startSandboxerDaemon({ ...base, command: (p) => ({ ...base.command(p), args: [...base.command(p).args, '--containerd-config', config] }) });
+    try {
+      const log = readFileSync(daemon.logPath, 'utf8');
+      assert.match(log, /"level":50.*CRI runtime handler \\"tsbox\\" puts pods on tsbox with runtime_type \\"io.containerd.tsbox.v1\\", which names no shim binary/);
+      assert.match(log, /set runtime_type = \\"io.containerd.runc.v2\\"/);
+    } finally {
+      await daemon.teardown();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });
 
 /** The mount point of a cgroup v1 controller, or the v2 root. */

@@ -30,7 +30,7 @@ export interface ContainerdConfigOptions {
   sandboxerSocket: string;
   /** Proxy plugin id = sandboxer name, also used as CRI runtime handler. Default `tsbox`. */
   sandboxerName?: string;
-  /** CRI runtime_type of the handler. Default `io.containerd.tsbox.v1`. */
+  /** CRI runtime_type of the handler. Default `io.containerd.runc.v2` (SPEC.md section 7). */
   runtimeType?: string;
   /** containerd's log level. Default `debug`. */
   logLevel?: string;
@@ -105,7 +105,7 @@ function tomlArray(items: readonly string[]): string {
 /** The config.toml (version 3, containerd 2.x) of an instance. */
 export function containerdConfig(paths: ContainerdPaths, options: ContainerdConfigOptions): string {
   const name = options.sandboxerName ?? 'tsbox';
-  const runtimeType = options.runtimeType ?? 'io.containerd.tsbox.v1';
+  const runtimeType = options.runtimeType ?? 'io.containerd.runc.v2';
   return `version = 3
 root = ${tomlString(paths.root)}
 state = ${tomlString(paths.state)}

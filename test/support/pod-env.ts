@@ -89,6 +89,8 @@ export async function startPodEnv(options: { containerdLogLevel?: string; tsboxL
           c.paths.root,
           '--containerd-state',
           c.paths.state,
+          '--containerd-config',
+          c.paths.configPath,
         ],
       };
     },
