@@ -44,3 +44,12 @@ export function abortError(signal: { readonly reason: unknown }): TsboxError {
   const reason = signal.reason;
   return reason instanceof TsboxError ? reason : new TsboxError('Cancelled', 'call cancelled');
 }
+
+/**
+ * A rejection handler for an error that cannot matter, with the reason in words:
+ * `promise.catch(ignoreError('the file may already be gone'))`. Lint forbids handlers that
+ * drop an error without one of these or a comment saying why (eslint.config.js).
+ */
+export function ignoreError(_why: string): (err: unknown) => undefined {
+  return () => undefined;
+}

@@ -9,7 +9,7 @@
  * exits with a chosen code once the test creates a trigger file.
  */
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type {
   ControllerCreateRequest,
@@ -17,7 +17,6 @@ import type {
   DeepPartial,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Timestamp } from '../../src/gen/google/protobuf/timestamp.js';
-import { decodeJournal } from '../../src/state/journal.js';
 import type { CrashDaemon, TsboxClient } from './crash-daemon.js';
 import {
   cgroupPathsOf,
@@ -31,28 +30,9 @@ import {
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from './grpc-client.js';
 import { waitFor } from './tsbox-daemon.js';
 
-/**
- * Whether the state dir holds a record of (ns, id) that a restart would load: the newest
- * journal entry of the sandbox is a save, or, with no journal entry, its record.json exists.
- */
+/** Whether the state dir holds a record of (ns, id) that a restart would load: its record.json. */
 export function hasDurableRecord(stateDir: string, ns: string, id: string): boolean {
-  // A journal retired between the listing and the read: list again.
-  for (let attempt = 0; ; attempt++) {
-    try {
-      let newest: { seq: number; saved: boolean } | undefined;
-      for (const name of readdirSync(stateDir)) {
-        if (!/^journal(\.\d+)?$/.test(name)) continue;
-        for (const entry of decodeJournal(readFileSync(join(stateDir, name))).entries) {
-          const [entryNs, entryId] = entry.op === 'save' ? [entry.record.namespace, entry.record.id] : [entry.namespace, entry.id];
-          if (entryNs !== ns || entryId !== id || (newest !== undefined && newest.seq > entry.seq)) continue;
-          newest = { seq: entry.seq, saved: entry.op === 'save' };
-        }
-      }
-      return newest?.saved ?? existsSync(join(stateDir, 'sandboxes', ns, id, 'record.json'));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 10) throw err;
-    }
-  }
+  return existsSync(join(stateDir, 'sandboxes', ns, id, 'record.json'));
 }
 
 /** Type URL of an OCI runtime spec as containerd sends it (SPEC.md section 2). */
@@ -171,7 +151,7 @@ export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Pr
     return { kind: 'gone' };
   }
   const info = parseInfo(status.info);
-  assert.ok(hasDurableRecord(d.stateDir, ns, id), `a sandbox tsbox serves has a durable record (journal or ${dir}/record.json)`);
+  assert.ok(hasDurableRecord(d.stateDir, ns, id), `a sandbox tsbox serves has its record: ${dir}/record.json`);
   switch (status.state) {
     case 'SANDBOX_READY': {
       const { pid } = status;
