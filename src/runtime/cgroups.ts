@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, ignoreError, messageOf } from '../errors.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
 import { Metrics as MetricsV2 } from '../gen/cgroups/v2/metrics.js';
@@ -30,6 +30,7 @@ function toBigInt(text: string): bigint {
   try {
     return BigInt(text);
   } catch {
+    // A value the kernel did not write as an integer: reported as 0, as containerd does.
     return 0n;
   }
 }
@@ -63,7 +64,15 @@ async function removeDir(dir: string): Promise<void> {
   }
 }
 
-const optional = <T>(promise: Promise<T>, fallback: T): Promise<T> => promise.catch(() => fallback);
+/**
+ * A statistics file read with a fallback: which files exist depends on the kernel and the
+ * controllers enabled, and Metrics reports what it can read (absent counters as zero).
+ */
+const optional = <T>(promise: Promise<T>, fallback: T): Promise<T> =>
+  promise.catch(() => {
+    // An absent or unreadable statistic is reported as its fallback, never as a failure.
+    return fallback;
+  });
 
 interface Mount {
   readonly path: string;
@@ -249,7 +258,11 @@ class CgroupV2 implements CgroupManager {
     const available = (await readFile(join(this.#root, 'cgroup.subtree_control'), 'utf8')).trim();
     const wanted = ['cpu', 'memory', 'pids'].filter((c) => available.split(' ').includes(c));
     if (wanted.length > 0) {
-      await writeFile(join(parentDir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(() => undefined);
+      await writeFile(join(parentDir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(
+        // Already enabled, or refused (the parent holds processes of its own): the sandbox's
+        // cgroup works either way, and Metrics reads what the enabled controllers provide.
+        ignoreError('the controllers only add statistics'),
+      );
     }
     const dir = this.#dir(namespace, id);
     await mkdir(dir, { recursive: true });
