@@ -17,7 +17,6 @@ import type {
   DeepPartial,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Timestamp } from '../../src/gen/google/protobuf/timestamp.js';
-import type { CrashDaemon, TsboxClient } from './crash-daemon.js';
 import {
   cgroupPathsOf,
   existingCgroupDirs,
@@ -28,7 +27,7 @@ import {
   supervisorsOfStateDir,
 } from './host.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from './grpc-client.js';
-import { waitFor } from './tsbox-daemon.js';
+import { type TsboxClient, type TsboxDaemon, waitFor } from './tsbox-daemon.js';
 
 /** Whether the state dir holds a record of (ns, id) that a restart would load: its record.json. */
 export function hasDurableRecord(stateDir: string, ns: string, id: string): boolean {
@@ -108,7 +107,7 @@ function parseInfo(info: Record<string, string>): Record<string, unknown> {
 }
 
 /** Waits (bounded) until nothing of the sandbox runs on the host. */
-async function expectNoProcess(d: CrashDaemon, ns: string, id: string, why: string): Promise<void> {
+async function expectNoProcess(d: TsboxDaemon, ns: string, id: string, why: string): Promise<void> {
   await waitFor(
     () => {
       const found = sandboxProcesses(d.stateDir, ns, id);
@@ -135,7 +134,7 @@ async function expectWaitBlocks(client: TsboxClient, id: string, why: string): P
  * Asks tsbox about (ns, id) and checks the answer against the host; returns what it is.
  * Every kind is checked for consistency: see the file comment.
  */
-export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Promise<Observed> {
+export async function observeSandbox(d: TsboxDaemon, ns: string, id: string): Promise<Observed> {
   const client = d.client(ns);
   const dir = d.sandboxDir(ns, id);
   let status;
@@ -197,7 +196,7 @@ export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Pr
  * No process runs without a record: every live supervisor of the state dir and every process
  * in a cgroup of `namespaces` belongs to a sandbox tsbox reports as SANDBOX_READY.
  */
-export async function assertNoUnrecordedProcesses(d: CrashDaemon, namespaces: readonly string[]): Promise<void> {
+export async function assertNoUnrecordedProcesses(d: TsboxDaemon, namespaces: readonly string[]): Promise<void> {
   const owners = new Map<string, { ns: string; id: string }>();
   for (const { pid, dir } of supervisorsOfStateDir(d.stateDir)) {
     const [ns, id] = dir.split('/').slice(-2) as [string, string];
@@ -241,7 +240,7 @@ export function assertSameExit(results: readonly ControllerWaitResponse[]): void
 }
 
 /** The JSON log lines of the daemon (pino), parsed; other lines are skipped. */
-export function logRecords(d: CrashDaemon): Record<string, unknown>[] {
+export function logRecords(d: TsboxDaemon): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const line of d.logText().split('\n')) {
     if (!line.startsWith('{')) continue;
@@ -255,6 +254,6 @@ export function logRecords(d: CrashDaemon): Record<string, unknown>[] {
 }
 
 /** The record file of a sandbox, parsed. */
-export function readRecord(d: CrashDaemon, ns: string, id: string): Record<string, unknown> {
+export function readRecord(d: TsboxDaemon, ns: string, id: string): Record<string, unknown> {
   return JSON.parse(readFileSync(`${d.sandboxDir(ns, id)}/record.json`, 'utf8')) as Record<string, unknown>;
 }

@@ -6,7 +6,7 @@
  */
 import { readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
-import { killAndReap } from './tsbox-daemon.js';
+import { killAndReap } from './processes.js';
 
 /** A namespace no other run uses, so that its cgroups and records can be found and removed. */
 export function uniqueNamespace(label: string): string {
