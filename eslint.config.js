@@ -3,9 +3,10 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 /**
- * No error dropped in silence (STYLE.md, anti-patterns): a `catch` clause or a rejection
- * handler (`.catch(h)`, `.then(f, h)`) that does not use the error must say why it cannot
- * matter, in a comment inside it, or be `ignoreError('why')` from src/errors.ts.
+ * No error dropped in silence (STYLE.md, anti-patterns): a `catch` clause that does not use
+ * its error must say why it cannot matter in a comment inside it; a rejection handler
+ * (`.catch(h)`, `.then(f, h)`) that does not, in a comment inside it or right before the
+ * statement it is part of, or be `ignoreError('why')` from src/errors.ts.
  */
 const noSilentCatch = {
   meta: {
@@ -26,9 +27,17 @@ const noSilentCatch = {
       return variable !== undefined && variable.references.length === 0;
     };
     const silent = (node) => source.getCommentsInside(node).length === 0;
+    /** The statement `node` is part of: its outermost ancestor below a block. */
+    const statementOf = (node) => {
+      let at = node;
+      while (at.parent && at.parent.type !== 'BlockStatement' && at.parent.type !== 'Program' && at.parent.type !== 'StaticBlock' && at.parent.type !== 'SwitchCase') at = at.parent;
+      return at;
+    };
     const checkHandler = (handler) => {
       if (handler === undefined || (handler.type !== 'ArrowFunctionExpression' && handler.type !== 'FunctionExpression')) return;
-      if (dropped(handler, handler.params[0]) && silent(handler)) context.report({ node: handler, messageId: 'handler' });
+      if (!dropped(handler, handler.params[0]) || !silent(handler)) return;
+      if (source.getCommentsBefore(statementOf(handler)).length > 0) return;
+      context.report({ node: handler, messageId: 'handler' });
     };
     return {
       CatchClause(node) {

@@ -34,6 +34,7 @@ import {
   pauseSandbox,
   readRecord,
 } from '../support/crash-invariants.js';
+import { ignoreError } from '../../src/errors.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { type TsboxClient, type TsboxDaemon, createTsbox, processAlive, waitFor } from '../support/tsbox-daemon.js';
 
@@ -410,8 +411,8 @@ describe('changes while tsbox is away', () => {
       const status = await client.status({ sandboxId: 'sb', verbose: true }, { timeoutMs: 10_000 });
       // Stop and Shutdown may not be able to finish (what the sandbox is cannot be trusted);
       // they must not touch the stranger either way.
-      await client.stop({ sandboxId: 'sb', timeoutSecs: 0 }, { timeoutMs: 5_000 }).catch(() => undefined);
-      await client.shutdown({ sandboxId: 'sb' }, { timeoutMs: 5_000 }).catch(() => undefined);
+      await client.stop({ sandboxId: 'sb', timeoutSecs: 0 }, { timeoutMs: 5_000 }).catch(ignoreError('either answer will do'));
+      await client.shutdown({ sandboxId: 'sb' }, { timeoutMs: 5_000 }).catch(ignoreError('either answer will do'));
       stranger.assertUntouched();
       assert.notEqual(
         status.pid,

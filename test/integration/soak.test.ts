@@ -44,6 +44,7 @@ function fdTargets(pid: number): string[] {
     try {
       return `${fd} -> ${readlinkSync(`/proc/${pid}/fd/${fd}`)}`;
     } catch {
+      // closed between the listing and the readlink
       return `${fd} (closed)`;
     }
   });

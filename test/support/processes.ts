@@ -198,6 +198,7 @@ export function tailFile(file: string, lines = 40, skip?: RegExp): string {
     const all = readFileSync(file, 'utf8').split('\n');
     return (skip === undefined ? all : all.filter((l) => !skip.test(l))).slice(-lines - 1).join('\n');
   } catch {
+    // no log yet
     return '';
   }
 }
@@ -219,6 +220,7 @@ function readProcStat(pid: number): ProcStat | undefined {
     const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
     return { pid, ppid: Number(rest[1]), pgid: Number(rest[2]), sid: Number(rest[3]), startTime: rest[19] ?? '' };
   } catch {
+    // the process is gone
     return undefined;
   }
 }
@@ -237,6 +239,7 @@ function hasEnv(pid: number, entry: string): boolean {
   try {
     return readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0').includes(entry);
   } catch {
+    // gone, or not ours to read: not marked
     return false;
   }
 }
@@ -317,6 +320,7 @@ export function processAlive(pid: number): boolean {
     const state = text.slice(text.lastIndexOf(')') + 2).split(' ')[0];
     return state !== 'Z' && state !== 'X';
   } catch {
+    // no such process
     return false;
   }
 }
@@ -341,6 +345,7 @@ export function unmountBelow(dir: string): string[] {
   try {
     info = readFileSync('/proc/self/mountinfo', 'utf8');
   } catch {
+    // no mount table to read: nothing to unmount
     return [];
   }
   const prefix = path.resolve(dir);
