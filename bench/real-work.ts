@@ -3,63 +3,57 @@
  * table with the no-process backend): prints one JSON object on stdout. A benchmark, not a
  * test: it measures and reports, it never passes or fails on a number.
  *
- *   node dist/bench/real-work.js --sbload PATH [--quick]
+ *   node dist/bench/real-work.js --sbload PATH [--quick] [--only lifecycle,memory,recovery,status] [--main MAIN.js]
+ *
+ * `--main` runs another build of tsbox (such as an older one) through the same harness.
  */
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
-import { connect } from 'node:net';
-import { tmpdir } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { SandboxClient } from '../test/support/grpc-client.js';
+import { type SandboxerDaemon, createSandboxerDaemon, tsboxSandboxer } from '../test/support/tsbox-daemon.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const main = join(root, 'dist', 'src', 'main.js');
-const { values } = parseArgs({ options: { sbload: { type: 'string' }, quick: { type: 'boolean' } } });
+const { values } = parseArgs({ options: { sbload: { type: 'string' }, quick: { type: 'boolean' }, only: { type: 'string' }, main: { type: 'string' } } });
 const sbload = values.sbload ?? join(root, '.cache', 'sbbench', 'bin', 'sbload');
 const quick = values.quick === true;
+/** `--only lifecycle,memory,recovery,status` runs those parts only (all by default). */
+const parts = new Set((values.only ?? 'lifecycle,memory,recovery,status').split(','));
 const log = (msg: string): void => void process.stderr.write(`[real-work] ${msg}\n`);
 
+/** tsbox through the test harness (tests/support/tsbox-daemon.ts), started; `startMs` to serving. */
 interface Daemon {
-  readonly child: ChildProcess;
+  readonly harness: SandboxerDaemon;
+  readonly pid: number;
   readonly socket: string;
   readonly stateDir: string;
-  readonly dir: string;
   readonly startMs: number;
-  readonly output: string[];
 }
 
-function socketLive(path: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = connect(path);
-    s.once('connect', () => (s.destroy(), resolve(true)));
-    s.once('error', () => resolve(false));
-  });
-}
-
-async function startDaemon(backend: 'process' | 'noop', dir = mkdtempSync(join(tmpdir(), 'tsbox-bench-'))): Promise<Daemon> {
-  const socket = join(dir, 'tsbox.sock');
-  const stateDir = join(dir, 'state');
+async function startDaemon(backend: 'process' | 'noop', harness?: SandboxerDaemon): Promise<Daemon> {
+  const h =
+    harness ??
+    (await createSandboxerDaemon(tsboxSandboxer({ logLevel: 'info', args: ['--backend', backend], ...(values.main === undefined ? {} : { main: values.main }) }), {
+      label: 'tsbox-bench-',
+      startPollMs: 2,
+      startTimeoutMs: 120_000,
+    }));
   const t0 = performance.now();
-  const child = spawn(process.execPath, [main, 'serve', '--socket', socket, '--state-dir', stateDir, '--backend', backend, '--log-level', 'info'], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const output: string[] = [];
-  child.stdout?.setEncoding('utf8').on('data', (d: string) => output.push(d));
-  for (;;) {
-    if (child.exitCode !== null) throw new Error(`tsbox exited early: ${output.join('')}`);
-    if (await socketLive(socket)) break;
-    await new Promise((r) => setTimeout(r, 5));
-  }
-  return { child, socket, stateDir, dir, startMs: performance.now() - t0, output };
+  await h.start();
+  const startMs = performance.now() - t0;
+  return { harness: h, pid: h.pid as number, socket: h.socketPath, stateDir: h.stateDir, startMs };
 }
 
+/** SIGTERM, as a service manager stops it; sandboxes keep running. */
 async function stopDaemon(d: Daemon): Promise<void> {
-  if (d.child.exitCode !== null) return;
-  const exited = new Promise((r) => d.child.once('exit', r));
-  d.child.kill('SIGTERM');
-  await exited;
+  await d.harness.stop({ graceMs: 60_000 });
+}
+
+/** Stops it and removes whatever is left of it. */
+async function tearDown(d: Daemon): Promise<void> {
+  await d.harness.teardown();
 }
 
 function kib(pid: number, file: 'status' | 'smaps_rollup', key: string): number {
@@ -125,14 +119,13 @@ async function lifecycleRate(concurrency: number): Promise<number> {
       '--duration', quick ? '3s' : '8s', '--warmup', '1s', '--stop-exit-status', '137', '--namespace', ns]);
     return r['lifecycles_per_s'] as number;
   } finally {
-    await stopDaemon(d);
-    rmSync(d.dir, { recursive: true, force: true });
+    await tearDown(d);
   }
 }
 
 async function memoryAndWaits(): Promise<Record<string, number>> {
   const d = await startDaemon('process');
-  const pid = d.child.pid as number;
+  const pid = d.pid;
   const client = new SandboxClient(d.socket, ns);
   const out: Record<string, number> = {};
   try {
@@ -168,34 +161,35 @@ async function memoryAndWaits(): Promise<Record<string, number>> {
     out['kib_per_pending_wait'] = (pending - before) / (list.length * waiters);
   } finally {
     client.close();
-    await stopDaemon(d);
-    rmSync(d.dir, { recursive: true, force: true });
+    await tearDown(d);
   }
   return out;
 }
 
 async function recovery(count: number): Promise<Record<string, number>> {
   const d = await startDaemon('process');
-  const client = new SandboxClient(d.socket, ns);
   const list = ids('rec', count);
   try {
-    await createStarted(client, list, 16);
+    const client = new SandboxClient(d.socket, ns);
+    try {
+      await createStarted(client, list, 16);
+    } finally {
+      client.close();
+    }
+    await stopDaemon(d);
+    const again = await startDaemon('process', d.harness);
+    const summaryLine = again.harness.logText().split('\n').findLast((l) => l.includes('"recovery done"')) ?? '{}';
+    const summary = JSON.parse(summaryLine) as { seconds?: number; running?: number };
+    const client2 = new SandboxClient(again.socket, ns);
+    try {
+      await shutdownAll(client2, list, 16);
+    } finally {
+      client2.close();
+    }
+    return { recovery_sandboxes: count, recovery_running: summary.running ?? 0, recovery_to_serving_s: again.startMs / 1000, recovery_internal_s: summary.seconds ?? NaN };
   } finally {
-    client.close();
+    await tearDown(d);
   }
-  await stopDaemon(d);
-  const again = await startDaemon('process', d.dir);
-  const summaryLine = again.output.join('').split('\n').find((l) => l.includes('"recovery done"')) ?? '{}';
-  const summary = JSON.parse(summaryLine) as { seconds?: number; running?: number };
-  const client2 = new SandboxClient(again.socket, ns);
-  try {
-    await shutdownAll(client2, list, 16);
-  } finally {
-    client2.close();
-    await stopDaemon(again);
-    rmSync(d.dir, { recursive: true, force: true });
-  }
-  return { recovery_sandboxes: count, recovery_running: summary.running ?? 0, recovery_to_serving_s: again.startMs / 1000, recovery_internal_s: summary.seconds ?? NaN };
 }
 
 async function statusLatency(known: number): Promise<number> {
@@ -205,21 +199,28 @@ async function statusLatency(known: number): Promise<number> {
       '--duration', quick ? '2s' : '5s', '--warmup', '1s', '--namespace', ns]);
     return (r['latency'] as Record<string, number>)['p50_us'] as number;
   } finally {
-    await stopDaemon(d);
-    rmSync(d.dir, { recursive: true, force: true });
+    await tearDown(d);
   }
 }
 
 const result: Record<string, number> = {};
-log('lifecycles with real processes, concurrency 1 and 8');
-result['lifecycles_per_s_c1'] = await lifecycleRate(1);
-result['lifecycles_per_s_c8'] = await lifecycleRate(8);
-log('memory per running sandbox, idle RSS, 10 000 pending Waits');
-Object.assign(result, await memoryAndWaits());
-log('recovery of 1 000 running sandboxes');
-Object.assign(result, await recovery(quick ? 200 : 1000));
-for (const known of [10, 1000, 10000]) {
-  log(`Status latency with ${known} sandboxes known`);
-  result[`status_p50_us_known_${known}`] = await statusLatency(known);
+if (parts.has('lifecycle')) {
+  log('lifecycles with real processes, concurrency 1 and 8');
+  result['lifecycles_per_s_c1'] = await lifecycleRate(1);
+  result['lifecycles_per_s_c8'] = await lifecycleRate(8);
+}
+if (parts.has('memory')) {
+  log('memory per running sandbox, idle RSS, 10 000 pending Waits');
+  Object.assign(result, await memoryAndWaits());
+}
+if (parts.has('recovery')) {
+  log('recovery of 1 000 running sandboxes');
+  Object.assign(result, await recovery(quick ? 200 : 1000));
+}
+if (parts.has('status')) {
+  for (const known of [10, 1000, 10000]) {
+    log(`Status latency with ${known} sandboxes known`);
+    result[`status_p50_us_known_${known}`] = await statusLatency(known);
+  }
 }
 process.stdout.write(`${JSON.stringify(result)}\n`);

@@ -8,7 +8,8 @@ import { fileURLToPath } from 'node:url';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const src = join(root, 'native', 'tsbox-shim.c');
 const out = join(root, 'dist', 'bin', 'tsbox-shim');
-const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; } };
+// A file that does not exist is older than any other: it gets built.
+const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
 if (mtime(out) < mtime(src)) {
   mkdirSync(dirname(out), { recursive: true });
   const cc = process.env.CC ?? 'cc';

@@ -5,47 +5,6 @@ import { fileURLToPath } from 'node:url';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 
-/** The validated, frozen configuration every module receives. */
-export interface Config {
-  /** Unix socket containerd dials. */
-  readonly socket: string;
-  /** Permission bits of the socket. */
-  readonly socketMode: number;
-  /** Where records, supervisor files and quarantined records live. */
-  readonly stateDir: string;
-  readonly logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
-  /** `process` runs real sandboxes; `noop` runs nothing and exists for benchmarks only. */
-  readonly backend: 'process' | 'noop';
-  /** The per-sandbox supervisor binary. */
-  readonly shimPath: string;
-  /** Give each sandbox its own pid, ipc, uts and mount namespaces (root only). */
-  readonly namespaces: boolean;
-  /** Parent cgroup of the cgroups of sandboxes that are not Kubernetes pods. */
-  readonly cgroupParent: string;
-  /** containerd's socket: its runtime shims name a pod's task socket after it. */
-  readonly containerdAddress: string;
-  /** containerd's root directory; CRI reads a pod's hostname, hosts and resolv.conf below it. */
-  readonly containerdRoot: string;
-  /** containerd's state directory; CRI mounts a pod's /dev/shm from below it. */
-  readonly containerdState: string;
-  /** containerd's config file, read at start-up to check the CRI handlers that use tsbox. */
-  readonly containerdConfig: string;
-  /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
-  readonly startTimeoutMs: number;
-  /** How long a shutdown lets calls in flight finish before closing connections. */
-  readonly shutdownDrainMs: number;
-  /** How many sandboxes are recovered at once at start-up. */
-  readonly recoveryConcurrency: number;
-  /** How often sandboxes whose supervisor tsbox did not start are checked. */
-  readonly supervisorPollMs: number;
-  /**
-   * Crash tests only: the daemon kills itself with SIGKILL at this named point (see
-   * CrashPoint in controller.ts). Set only by the TSBOX_CRASH_AT environment variable; no
-   * flag, file setting or RPC reaches it; empty (off) by default.
-   */
-  readonly crashAt: string;
-}
-
 /** A configuration that cannot be used; `problems` lists every reason, one per line. */
 export class ConfigError extends Error {
   override readonly name = 'ConfigError';
@@ -96,25 +55,48 @@ const boolFlag = z.union([z.boolean(), z.enum(['true', 'false']).transform((s) =
 /** Every setting, as it may appear in the TOML file (snake_case) after key conversion. */
 const schema = z
   .object({
+    /** Unix socket containerd dials. */
     socket: absolutePath,
+    /** Permission bits of the socket. */
     socketMode: mode,
+    /** Where records, supervisor files and quarantined records live. */
     stateDir: absolutePath,
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    /** `process` runs real sandboxes; `noop` runs nothing and exists for benchmarks only. */
     backend: z.enum(['process', 'noop']),
+    /** The per-sandbox supervisor binary. */
     shimPath: absolutePath,
+    /** Give each sandbox its own pid, ipc, uts and mount namespaces (root only). */
     namespaces: boolFlag,
+    /** Parent cgroup of the cgroups of sandboxes that are not Kubernetes pods. */
     cgroupParent: z.string().regex(/^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/, 'must be a relative cgroup path'),
+    /** containerd's socket: its runtime shims name a pod's task socket after it. */
     containerdAddress: absolutePath,
+    /** containerd's root directory; CRI reads a pod's hostname, hosts and resolv.conf below it. */
     containerdRoot: absolutePath,
+    /** containerd's state directory; CRI mounts a pod's /dev/shm from below it. */
     containerdState: absolutePath,
+    /** containerd's config file, read at start-up to check the CRI handlers that use tsbox. */
     containerdConfig: absolutePath,
+    /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
     startTimeoutMs: intFlag(100, 600_000),
+    /** How long a shutdown lets calls in flight finish before closing connections. */
     shutdownDrainMs: intFlag(0, 600_000),
+    /** How many sandboxes are recovered at once at start-up. */
     recoveryConcurrency: intFlag(1, 1024),
+    /** How often sandboxes whose supervisor tsbox did not start are checked. */
     supervisorPollMs: intFlag(100, 600_000),
+    /**
+     * Crash tests only: the daemon kills itself with SIGKILL at this named point (see
+     * CrashPoint in controller.ts). Set only by the TSBOX_CRASH_AT environment variable; no
+     * flag, file setting or RPC reaches it; empty (off) by default.
+     */
     crashAt: z.string(),
   })
   .strict();
+
+/** The validated, frozen configuration every module receives: the schema's output. */
+export type Config = Readonly<z.output<typeof schema>>;
 
 export type ConfigInput = Partial<Record<keyof Config, unknown>>;
 

@@ -10,8 +10,8 @@ import { findShimBinary, sandboxerHandlers, shimBinaryName } from './runtime/cri
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
-import { JournaledRecordStore } from './state/journaled-store.js';
 import { stateLayout } from './state/layout.js';
+import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 
@@ -96,10 +96,9 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   if (config.backend === 'process') checkContainerShims(config, logger);
   const backend = await createBackend(config, logger);
-  // Records: every change is group-committed to a journal (one fdatasync for all the
-  // changes that arrive during the previous one) before the RPC is answered; record files
-  // are written and fsynced at checkpoints, so a short-lived sandbox costs no file at all.
-  const store = new JournaledRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
+  // Records: one file per sandbox, written atomically and fsynced before the RPC that
+  // changed it is answered.
+  const store = new FileRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,

@@ -1,20 +1,28 @@
 /**
- * The one error type of tsbox. Its kinds mirror containerd's error classes (errdefs), which
- * containerd maps one to one onto gRPC codes and acts on (SPEC.md section 4), so the kind is
- * part of the API. The message reaches the client; `cause` stays in the log.
+ * The kinds of error tsbox answers with and their gRPC status codes (the numbers are the
+ * protocol's): the one table of them. The kinds mirror containerd's error classes (errdefs),
+ * which containerd maps one to one onto these codes and acts on (SPEC.md section 4), so the
+ * kind is part of the API.
  */
-export type ErrorKind =
-  | 'NotFound'
-  | 'AlreadyExists'
-  | 'InvalidArgument'
-  | 'FailedPrecondition'
-  | 'Unavailable'
-  | 'Unimplemented'
-  | 'Cancelled'
-  | 'DeadlineExceeded'
-  | 'Internal';
+export const GRPC_CODES = {
+  Cancelled: 1,
+  InvalidArgument: 3,
+  DeadlineExceeded: 4,
+  NotFound: 5,
+  AlreadyExists: 6,
+  FailedPrecondition: 9,
+  Unimplemented: 12,
+  Internal: 13,
+  Unavailable: 14,
+} as const satisfies Record<string, number>;
 
-/** A failure with a kind the transport turns into a gRPC code. */
+/** A kind of failure; see GRPC_CODES. */
+export type ErrorKind = keyof typeof GRPC_CODES;
+
+/**
+ * The one error type of tsbox, with a kind the transport turns into a gRPC code. The message
+ * reaches the client; `cause` stays in the log.
+ */
 export class TsboxError extends Error {
   override readonly name = 'TsboxError';
   constructor(
@@ -43,4 +51,13 @@ export function messageOf(err: unknown): string {
 export function abortError(signal: { readonly reason: unknown }): TsboxError {
   const reason = signal.reason;
   return reason instanceof TsboxError ? reason : new TsboxError('Cancelled', 'call cancelled');
+}
+
+/**
+ * A rejection handler for an error that cannot matter, with the reason in words:
+ * `promise.catch(ignoreError('the file may already be gone'))`. Lint forbids handlers that
+ * drop an error without one of these or a comment saying why (eslint.config.js).
+ */
+export function ignoreError(_why: string): (err: unknown) => undefined {
+  return () => undefined;
 }

@@ -4,7 +4,7 @@ import { TsboxError } from '../errors.js';
  * containerd's identifier rule for namespaces and sandbox ids (SPEC.md section 3):
  * alphanumerics separated by single '.', '_' or '-', at most 76 characters.
  */
-const IDENTIFIER = /^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$/;
+export const IDENTIFIER = /^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$/;
 export const MAX_IDENTIFIER_LENGTH = 76;
 
 /** Throws InvalidArgument unless `value` is a valid containerd identifier. */

@@ -183,7 +183,7 @@ export function podSpecFromConfig(config: PodSandboxConfig): PodSpec {
   const pid = pidMode === NODE ? 'node' : pidMode === POD ? 'pod' : 'container';
   const ipc = mode('ipc', ns?.ipc ?? POD, [POD, NODE]) === NODE ? 'node' : 'pod';
   const userns = ns?.usernsOptions;
-  if (userns !== undefined && userns.mode !== NODE) {
+  if (userns !== undefined && (userns.mode as number) !== NODE) {
     throw new TsboxError('Unimplemented', `PodSandboxConfig: user namespace mode ${MODE_NAMES[userns.mode] ?? userns.mode} is not supported by tsbox; use NODE`);
   }
   const hostname = oneLine('hostname', config.hostname);

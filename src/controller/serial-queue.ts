@@ -16,7 +16,10 @@ export class SerialQueue {
     const result = this.#tail.then(operation);
     this.#tail = result.then(
       () => this.#length--,
-      () => this.#length--,
+      () => {
+        // The failure is the caller's, through `result`; the queue only moves on.
+        this.#length--;
+      },
     );
     return result;
   }

@@ -1,57 +1,19 @@
-import type { PodSpec, Resources } from './pod-spec.js';
+import type { Resources } from './pod-spec.js';
 
 /**
  * The domain types the controller speaks, and the interfaces its collaborators implement:
  * the runtime backend (runs sandboxes) and the record store (keeps them durable). Nothing
- * here knows gRPC, child processes or the file system.
+ * here knows gRPC, child processes or the file system. The record and the types it is made
+ * of are inferred from its zod schema (record.ts).
  */
+import type { ExitInfo, LaunchSpec, SandboxRecord, TaskEndpoint } from './record.js';
 
-/** A point in time as protobuf carries it. */
-export interface Timestamp {
-  readonly seconds: number;
-  readonly nanos: number;
-}
+export type { ExitInfo, LaunchSpec, SandboxRecord, TaskEndpoint, Timestamp } from './record.js';
 
 /** A protobuf Any: a type URL and the encoded value. */
 export interface AnyValue {
   readonly typeUrl: string;
   readonly value: Uint8Array;
-}
-
-/** How a sandbox ended. Recorded once; every Wait returns exactly this. */
-export interface ExitInfo {
-  /** The process's exit code, 128+signal for a signal, 255 when it cannot be known. */
-  readonly status: number;
-  readonly exitedAt: Timestamp;
-  /** Why, in words, for operators (verbose Status, logs). */
-  readonly reason: string;
-}
-
-/** What to run, derived from the Create request (see launch-spec.ts). */
-export interface LaunchSpec {
-  readonly namespace: string;
-  readonly id: string;
-  readonly hostname?: string;
-  /** Network namespace to join; absent for host-network pods. */
-  readonly netnsPath?: string;
-  /** The OCI process of `sandbox.spec`; absent means a pause process. */
-  readonly command?: {
-    readonly args: readonly string[];
-    readonly env: readonly string[];
-    readonly cwd: string;
-  };
-  /** What a Kubernetes pod asks for (CRI's PodSandboxConfig); absent for other clients. */
-  readonly pod?: PodSpec;
-}
-
-/**
- * Where containerd creates the sandbox's containers (Start's and Status's `address` and
- * `version`, SPEC.md section 7). Version 2: containerd runs the CRI handler's runtime shim
- * itself, and the address names the socket that shim serves for the pod.
- */
-export interface TaskEndpoint {
-  readonly address: string;
-  readonly version: number;
 }
 
 /**
@@ -115,25 +77,6 @@ export interface RuntimeBackend {
   close(): void;
 }
 
-/** The durable record of one sandbox; see state/record.ts for the schema. */
-export interface SandboxRecord {
-  readonly version: 1;
-  readonly namespace: string;
-  readonly id: string;
-  readonly state: 'created' | 'starting' | 'running' | 'exited';
-  readonly registeredAt: Timestamp;
-  readonly startedAt?: Timestamp;
-  readonly pid?: number;
-  readonly launch: Omit<LaunchSpec, 'namespace' | 'id'>;
-  readonly labels: Readonly<Record<string, string>>;
-  readonly annotations: Readonly<Record<string, string>>;
-  readonly extensions: Readonly<Record<string, { typeUrl: string; value: string }>>;
-  readonly backend?: unknown;
-  /** Set at Start; Status returns it too, also after a restart. */
-  readonly endpoint?: TaskEndpoint;
-  readonly exit?: ExitInfo;
-}
-
 /** What the store found on disk at start-up. */
 export interface LoadedRecords {
   readonly records: SandboxRecord[];
@@ -145,7 +88,6 @@ export interface LoadedRecords {
   readonly quarantined: readonly { readonly namespace: string; readonly id: string; readonly leftover: boolean }[];
 }
 
-/** Keeps records durable: a save has reached the disk when its promise resolves. */
 /**
  * What the controller needs of a call's AbortSignal: whether and why it fired, and a way to
  * hear it. An AbortSignal satisfies it; the transport passes a lighter object of its own
@@ -161,6 +103,10 @@ export interface CallSignal {
 /** A function, or an object whose handleEvent() is called (as EventTarget allows). */
 export type AbortListener = (() => void) | { handleEvent(): void };
 
+/**
+ * Keeps records durable: a save or remove has reached the disk when its promise resolves,
+ * and operations on one sandbox take effect in the order issued.
+ */
 export interface RecordStore {
   save(record: SandboxRecord): Promise<void>;
   remove(namespace: string, id: string): Promise<void>;

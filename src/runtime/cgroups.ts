@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, ignoreError, messageOf } from '../errors.js';
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
@@ -80,6 +80,7 @@ function toBigInt(text: string): bigint {
   try {
     return BigInt(text);
   } catch {
+    // A value the kernel did not write as an integer: reported as 0, as containerd does.
     return 0n;
   }
 }
@@ -113,7 +114,15 @@ async function removeDir(dir: string): Promise<void> {
   }
 }
 
-const optional = <T>(promise: Promise<T>, fallback: T): Promise<T> => promise.catch(() => fallback);
+/**
+ * A statistics file read with a fallback: which files exist depends on the kernel and the
+ * controllers enabled, and Metrics reports what it can read (absent counters as zero).
+ */
+const optional = <T>(promise: Promise<T>, fallback: T): Promise<T> =>
+  promise.catch(() => {
+    // An absent or unreadable statistic is reported as its fallback, never as a failure.
+    return fallback;
+  });
 
 interface Mount {
   readonly path: string;
@@ -337,7 +346,9 @@ class CgroupV2 implements CgroupManager {
     for (const part of path.split('/').filter((p) => p !== '')) {
       if (wanted.length > 0) {
         await writeFile(join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(
-          () => undefined /* a level with processes of its own cannot delegate: limits written below then fail with a precise error */,
+          // Already enabled, or refused (a level with processes of its own cannot delegate):
+          // limits written below then fail with a precise error, and Metrics reads what exists.
+          ignoreError('the controllers are checked where they are used'),
         );
       }
       dir = join(dir, part);

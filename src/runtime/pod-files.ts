@@ -4,7 +4,7 @@ import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, ignoreError, messageOf } from '../errors.js';
 
 const run = promisify(execFile);
 
@@ -76,7 +76,7 @@ export class PodFiles {
         await this.#mountHelper(['mount-shm', this.shmPath(id), String(POD_SHM_BYTES)]);
       }
     } catch (err) {
-      await this.remove(id).catch(() => undefined /* the original failure is what the caller must hear */);
+      await this.remove(id).catch(ignoreError('the original failure is what the caller must hear'));
       throw err instanceof TsboxError ? err : new TsboxError('Internal', `set up pod files: ${messageOf(err)}`, { cause: err });
     }
   }

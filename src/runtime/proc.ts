@@ -14,6 +14,7 @@ export async function processStat(pid: number): Promise<ProcessStat | undefined>
   try {
     stat = await readFile(`/proc/${pid}/stat`, 'utf8');
   } catch {
+    // No such process (or it is gone while read): nothing to trust, which is what undefined means.
     return undefined;
   }
   // The command name (field 2) is in parentheses and may contain spaces or ')'.

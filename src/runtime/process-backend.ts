@@ -17,7 +17,7 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, messageOf } from '../errors.js';
+import { TsboxError, abortError, ignoreError, messageOf } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import type { PodFiles } from './pod-files.js';
@@ -164,7 +164,9 @@ export class ProcessBackend implements RuntimeBackend {
     let text: string;
     try {
       text = await readFile(join(dir, 'exit'), 'utf8');
-    } catch {
+    } catch (err) {
+      // No exit file yet: the sandbox runs. Any other failure is logged; the next check retries.
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') this.#log.warn({ file: join(dir, 'exit'), err }, 'cannot read exit file');
       return undefined;
     }
     const exit = parseExitFile(text);
@@ -192,7 +194,7 @@ export class ProcessBackend implements RuntimeBackend {
   #finish(watched: Watched, exit: ExitInfo): void {
     this.#watched.delete(watched.key);
     const [ns, id] = watched.key.split('/') as [string, string];
-    unlink(this.#opts.layout.exitNotice(ns, id)).catch(() => undefined);
+    unlink(this.#opts.layout.exitNotice(ns, id)).catch(ignoreError('a leftover notice only makes tsbox look at the exit file again'));
     watched.fire(exit);
   }
 
@@ -372,7 +374,10 @@ export class ProcessBackend implements RuntimeBackend {
   /** The handle with a sandbox pid that is really the supervisor's child, or undefined. */
   async #verifiedHandle(dir: string, handle: ProcessHandle): Promise<ProcessHandle | undefined> {
     if (await isSameProcess(handle.pid, handle.pidStart)) return handle;
-    const text = await readFile(join(dir, 'pid'), 'utf8').catch(() => '');
+    const text = await readFile(join(dir, 'pid'), 'utf8').catch(() => {
+      // No pid file to correct the handle with: the handle is not verified.
+      return '';
+    });
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid !== handle.shimPid || pid === undefined) return undefined;
     const stat = await processStat(pid);
@@ -384,15 +389,19 @@ export class ProcessBackend implements RuntimeBackend {
     let text: string;
     try {
       text = await readFile(join(dir, 'pid'), 'utf8');
-    } catch {
-      return;
+    } catch (err) {
+      // No pid file: the supervisor never ran. Unreadable: its process must not be left
+      // running without a record, so the caller hears of it.
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw err;
     }
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid === undefined || pid === undefined || !(pid > 0)) return;
     // Only a supervisor whose command line names this sandbox's directory is ours; without
     // it, a sandbox process is ours only if it sits in this sandbox's cgroup.
-    const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => '');
-    const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+    // A process that is gone has neither file: nothing of it is ours to kill.
+    const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => /* gone */ '');
+    const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => /* gone */ '');
     const ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${this.#cgroupPath(spec)}`));
     if (!ours) return;
     this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
@@ -423,7 +432,9 @@ export class ProcessBackend implements RuntimeBackend {
 
   async release(spec: LaunchSpec): Promise<void> {
     await this.#opts.cgroups?.remove(this.#cgroupPath(spec));
-    await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(() => undefined);
+    await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(
+      ignoreError('usually absent; a leftover notice only makes tsbox look at the exit file again'),
+    );
   }
 
   async metrics(spec: LaunchSpec, sandbox: RunningSandbox | undefined): Promise<AnyValue> {

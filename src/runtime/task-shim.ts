@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { readFile, readdir, readlink, unlink } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
+import { ignoreError } from '../errors.js';
 import { isSameProcess, processStartTime } from './proc.js';
 
 /**
@@ -58,7 +59,7 @@ async function holdsSocket(pid: number, inodes: ReadonlySet<string>): Promise<bo
     return false; // the process is gone
   }
   for (const fd of fds) {
-    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '' /* closed meanwhile */);
+    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => /* closed meanwhile */ '');
     const match = /^socket:\[(\d+)\]$/.exec(target);
     if (match !== null && inodes.has(match[1] as string)) return true;
   }
@@ -85,7 +86,7 @@ export async function findPodShims(namespace: string, groupId: string): Promise<
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     const pid = Number(entry);
-    const raw = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '' /* gone meanwhile */);
+    const raw = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => /* gone meanwhile */ '');
     const argv = raw.split('\0').filter((a) => a !== '');
     if (!basename(argv[0] ?? '').startsWith('containerd-shim')) continue;
     const address = flag(argv, 'address');
@@ -126,7 +127,7 @@ export async function stopPodShims(namespace: string, groupId: string, log: Logg
       for (let i = 0; i < 250 && (await isSameProcess(shim.pid, shim.startTime)); i++) await sleep(20);
     }
     if (!(await unixSocketInodes()).has(shim.socket)) {
-      await unlink(shim.socket).catch(() => undefined /* the shim removed it itself, as it does on SIGTERM */);
+      await unlink(shim.socket).catch(ignoreError('the shim removed it itself, as it does on SIGTERM'));
     }
   }
   return shims.length;

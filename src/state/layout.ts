@@ -2,10 +2,9 @@ import { join } from 'node:path';
 
 /**
  * Where things live under the state dir:
- *   sandboxes/<namespace>/<id>/record.json   the sandbox's record (state/record-files.ts)
+ *   sandboxes/<namespace>/<id>/record.json   the sandbox's record (state/record-store.ts)
  *   sandboxes/<namespace>/<id>/pid, exit     written by the sandbox's supervisor
  *   sandboxes/<namespace>/<id>/console.log   the sandbox process's stdout and stderr
- *   journal, journal.<n>                     changes not yet checkpointed (state/journal.ts)
  *   exits/<namespace>@<id>                   touched by a supervisor when its sandbox exits
  *   quarantine/                              records that could not be read
  * Namespaces and ids are containerd identifiers ([A-Za-z0-9._-]), so they are safe path

@@ -2,18 +2,19 @@ import { mkdir, readFile, readdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
+import { recordSchema } from '../controller/record.js';
 import type { LoadedRecords, SandboxRecord } from '../controller/types.js';
 import { messageOf } from '../errors.js';
 import { syncPath } from './sync.js';
 import type { StateLayout } from './layout.js';
-import { recordSchema } from './record-schema.js';
 
-const RECORD_FILE = 'record.json';
+/** The name of a sandbox's record in its directory. */
+export const RECORD_FILE = 'record.json';
 
 /**
  * The per-sandbox record files as they are on disk: read back through the zod schema, an
- * unreadable one moved to quarantine/ with a log line. The journaled store writes them
- * (state/journaled-store.ts) and reads them through this at start-up.
+ * unreadable one moved to quarantine/ with a log line. The record store writes them
+ * (state/record-store.ts) and reads them through this at start-up.
  */
 export class RecordFiles {
   readonly #layout: StateLayout;
@@ -73,7 +74,7 @@ export class RecordFiles {
     if (parsed.data.namespace !== namespace || parsed.data.id !== id) {
       return { ok: false, reason: `record names ${parsed.data.namespace}/${parsed.data.id}, not its directory` };
     }
-    return { ok: true, record: parsed.data as SandboxRecord };
+    return { ok: true, record: parsed.data };
   }
 
   /**

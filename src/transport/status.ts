@@ -1,18 +1,5 @@
 import type { Logger } from 'pino';
-import { TsboxError, type ErrorKind } from '../errors.js';
-
-/** gRPC status codes (the numbers are the protocol's). */
-const CODES: Readonly<Record<ErrorKind, number>> = {
-  Cancelled: 1,
-  InvalidArgument: 3,
-  DeadlineExceeded: 4,
-  NotFound: 5,
-  AlreadyExists: 6,
-  FailedPrecondition: 9,
-  Unimplemented: 12,
-  Internal: 13,
-  Unavailable: 14,
-};
+import { GRPC_CODES, TsboxError } from '../errors.js';
 
 /** A gRPC status: code and plain message (no details, no metadata). */
 export interface Status {
@@ -27,8 +14,8 @@ export interface Status {
  */
 export function toStatus(err: unknown, log: Logger, rpc: string): Status {
   if (err instanceof TsboxError && err.kind !== 'Internal') {
-    return { code: CODES[err.kind], message: err.message };
+    return { code: GRPC_CODES[err.kind], message: err.message };
   }
   log.error({ err, rpc }, 'internal error');
-  return { code: CODES.Internal, message: 'internal error (see the tsbox log)' };
+  return { code: GRPC_CODES.Internal, message: 'internal error (see the tsbox log)' };
 }

@@ -62,6 +62,7 @@ describe('Kubernetes CRI pods on the sandboxer', () => {
           const st = await client.call('Status', {}, { timeoutMs: 2_000 });
           return st.status?.conditions.some((c) => c.type === 'RuntimeReady' && c.status) === true;
         } catch {
+          // not up yet: the caller polls again
           return false;
         }
       },

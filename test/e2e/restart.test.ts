@@ -380,6 +380,7 @@ async function criReady(d: Containerd, client: UnaryClient<CriRuntimeMethods>): 
         const st = await client.call('Status', {}, { timeoutMs: 2_000 });
         return st.status?.conditions.some((c) => c.type === 'RuntimeReady' && c.status) === true;
       } catch {
+        // not up yet: the caller polls again
         return false;
       }
     },

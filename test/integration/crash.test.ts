@@ -12,7 +12,6 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { CRASH_POINTS } from '../../src/controller/controller.js';
-import { type CrashDaemon, type TsboxClient, createCrashDaemon } from '../support/crash-daemon.js';
 import {
   existingCgroupDirs,
   procInfo,
@@ -35,11 +34,12 @@ import {
   pauseSandbox,
   readRecord,
 } from '../support/crash-invariants.js';
+import { ignoreError } from '../../src/errors.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
-import { processAlive, waitFor } from '../support/tsbox-daemon.js';
+import { type TsboxClient, type TsboxDaemon, createTsbox, processAlive, waitFor } from '../support/tsbox-daemon.js';
 
 /** Every daemon a test made, torn down in `after` whatever happened. */
-const daemons: CrashDaemon[] = [];
+const daemons: TsboxDaemon[] = [];
 /** Processes the tests started themselves (stand-ins for a reused pid). */
 const ownChildren: ChildProcess[] = [];
 
@@ -50,14 +50,14 @@ after(async () => {
   for (const d of daemons) await d.teardown();
 });
 
-async function newDaemon(): Promise<CrashDaemon> {
-  const d = await createCrashDaemon('tsbox-crash');
+async function newDaemon(): Promise<TsboxDaemon> {
+  const d = await createTsbox('tsbox-crash', { closeClientsOnExit: true });
   daemons.push(d);
   return d;
 }
 
 /** Runs a test body; on failure the daemon's log joins the message. */
-async function withLog(d: CrashDaemon | undefined, body: () => Promise<void>): Promise<void> {
+async function withLog(d: TsboxDaemon | undefined, body: () => Promise<void>): Promise<void> {
   try {
     await body();
   } catch (err) {
@@ -81,7 +81,7 @@ async function within<T>(p: Promise<T>, limitMs: number, what: string): Promise<
 
 /** Starts a sandbox and remembers its pid for the teardown. */
 async function createAndStart(
-  d: CrashDaemon,
+  d: TsboxDaemon,
   client: TsboxClient,
   request: ReturnType<typeof pauseSandbox>,
 ): Promise<number> {
@@ -89,7 +89,7 @@ async function createAndStart(
   await client.create(request, { timeoutMs: 20_000 });
   const started = await client.start({ sandboxId: id }, { timeoutMs: 20_000 });
   assert.ok(started.pid > 0, `Start pid ${started.pid}`);
-  d.track(client.namespace, started.pid);
+  d.track(client.namespace, undefined, started.pid);
   return started.pid;
 }
 
@@ -102,7 +102,7 @@ async function stopAndExpectKilled(client: TsboxClient, id: string): Promise<voi
 }
 
 /** Shutdown, then the sandbox is gone from tsbox and from the host. */
-async function shutdownAndExpectGone(d: CrashDaemon, ns: string, id: string): Promise<void> {
+async function shutdownAndExpectGone(d: TsboxDaemon, ns: string, id: string): Promise<void> {
   await d.client(ns).shutdown({ sandboxId: id }, { timeoutMs: 20_000 });
   const seen = await observeSandbox(d, ns, id);
   assert.equal(seen.kind, 'gone', `after Shutdown: ${JSON.stringify(seen)}`);
@@ -187,7 +187,7 @@ describe('kill -9 at each crash point, then a restart', () => {
             await expectDaemonGone(client.start({ sandboxId: id }, { timeoutMs: 20_000 }), 'Start');
           } else {
             const started = await client.start({ sandboxId: id }, { timeoutMs: 20_000 });
-            d.track(ns, started.pid);
+            d.track(ns, undefined, started.pid);
             if (phase === 'exit') {
               const held = client.wait({ sandboxId: id });
               // A round trip on the same channel: the Wait is in flight before the exit.
@@ -206,8 +206,8 @@ describe('kill -9 at each crash point, then a restart', () => {
         // Whatever the supervisor started, remember it (for the teardown and the checks).
         const pids = readPidFile(dir);
         if (pids !== undefined) {
-          d.track(ns, pids.shimPid);
-          d.track(ns, pids.pid);
+          d.track(ns, undefined, pids.shimPid);
+          d.track(ns, undefined, pids.pid);
         }
         const exitFile = readExitFile(dir);
 
@@ -231,7 +231,7 @@ describe('kill -9 at each crash point, then a restart', () => {
         switch (seen.kind) {
           case 'created': {
             const pid = (await client.start({ sandboxId: id }, { timeoutMs: 20_000 })).pid;
-            d.track(ns, pid);
+            d.track(ns, undefined, pid);
             const running = await observeSandbox(d, ns, id);
             assert.ok(running.kind === 'running' && running.pid === pid, `after a new Start: ${JSON.stringify(running)}`);
             await stopAndExpectKilled(client, id);
@@ -331,7 +331,7 @@ describe('changes while tsbox is away', () => {
         const pids = readPidFile(d.sandboxDir(ns, id));
         assert.ok(pids !== undefined && pids.pid === pid, `pid file of ${id}: ${JSON.stringify(pids)}`);
         assert.equal(procInfo(pid)?.ppid, pids.shimPid, 'the supervisor is the parent of the sandbox process');
-        d.track(ns, pids.shimPid);
+        d.track(ns, undefined, pids.shimPid);
         return { id, pid, shimPid: pids.shimPid };
       };
       const killSupervisor = async (o: { shimPid: number }): Promise<void> => {
@@ -411,8 +411,8 @@ describe('changes while tsbox is away', () => {
       const status = await client.status({ sandboxId: 'sb', verbose: true }, { timeoutMs: 10_000 });
       // Stop and Shutdown may not be able to finish (what the sandbox is cannot be trusted);
       // they must not touch the stranger either way.
-      await client.stop({ sandboxId: 'sb', timeoutSecs: 0 }, { timeoutMs: 5_000 }).catch(() => undefined);
-      await client.shutdown({ sandboxId: 'sb' }, { timeoutMs: 5_000 }).catch(() => undefined);
+      await client.stop({ sandboxId: 'sb', timeoutSecs: 0 }, { timeoutMs: 5_000 }).catch(ignoreError('either answer will do'));
+      await client.shutdown({ sandboxId: 'sb' }, { timeoutMs: 5_000 }).catch(ignoreError('either answer will do'));
       stranger.assertUntouched();
       assert.notEqual(
         status.pid,
@@ -493,7 +493,7 @@ describe('changes while tsbox is away', () => {
         ['truncated', readPidFile(d.sandboxDir(ns, 'truncated'))],
         ['version-2', readPidFile(d.sandboxDir(ns, 'version-2'))],
       ]);
-      for (const pids of pidsOf.values()) if (pids !== undefined) d.track(ns, pids.shimPid);
+      for (const pids of pidsOf.values()) if (pids !== undefined) d.track(ns, undefined, pids.shimPid);
 
       await d.start();
       const good = await observeSandbox(d, ns, 'good');

@@ -8,10 +8,9 @@ import assert from 'node:assert/strict';
 import { lstatSync, mkdirSync, readFileSync, statSync, writeFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { type TsboxDaemon, startTsbox, tsboxMain } from '../support/daemon-process.js';
 import { uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
-import { socketAccepts } from '../support/tsbox-daemon.js';
+import { type TsboxDaemon, socketAccepts, startTsbox, tsboxMain } from '../support/tsbox-daemon.js';
 import { alive, createAndStart, procExists, withLog } from './fixtures.js';
 
 describe('the tsbox daemon and its socket', () => {

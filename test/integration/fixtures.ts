@@ -7,9 +7,7 @@ import { existsSync } from 'node:fs';
 import { BinaryReader, BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import type { DeepPartial, ControllerCreateRequest } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Any } from '../../src/gen/google/protobuf/any.js';
-import type { SandboxClient } from '../support/grpc-client.js';
-import type { TsboxDaemon } from '../support/daemon-process.js';
-import { processAlive, waitFor } from '../support/tsbox-daemon.js';
+import { type TsboxClient, type TsboxDaemon, processAlive, waitFor } from '../support/tsbox-daemon.js';
 
 export { waitFor };
 
@@ -91,7 +89,7 @@ export function procExists(pid: number): boolean {
  */
 export async function createAndStart(
   daemon: TsboxDaemon,
-  client: SandboxClient,
+  client: TsboxClient,
   id: string,
   request: DeepPartial<ControllerCreateRequest> = {},
 ): Promise<{ pid: number; createdAtMs: number; labels: Record<string, string> }> {

@@ -5,8 +5,8 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { type TsboxDaemon, startTsbox } from '../support/daemon-process.js';
 import { uniqueNamespace } from '../support/host.js';
+import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { alive, createAndStart, withLog } from './fixtures.js';
 

@@ -10,10 +10,9 @@ import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { type TsboxDaemon, startTsbox } from '../support/daemon-process.js';
 import { sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
-import { which } from '../support/tsbox-daemon.js';
+import { type TsboxDaemon, startTsbox, which } from '../support/tsbox-daemon.js';
 import { alive, createAndStart, criMetadata, ociSpec, podSandboxConfig, procExists, waitFor, withLog } from './fixtures.js';
 
 /** Pids of processes whose command line names `needle` (the sandbox's supervisor names its dir). */

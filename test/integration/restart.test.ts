@@ -8,8 +8,8 @@ import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { type TsboxDaemon, startTsbox } from '../support/daemon-process.js';
 import { uniqueNamespace } from '../support/host.js';
+import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
 import { alive, createAndStart, ociSpec, procExists, waitFor, withLog } from './fixtures.js';
 

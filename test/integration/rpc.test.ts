@@ -8,8 +8,8 @@ import { after, before, describe, test } from 'node:test';
 import { Metrics as CgroupV1Metrics } from '../../src/gen/cgroups/v1/metrics.js';
 import { Metrics as CgroupV2Metrics } from '../../src/gen/cgroups/v2/metrics.js';
 import type { ControllerWaitResponse } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
-import { type TsboxDaemon, startTsbox } from '../support/daemon-process.js';
 import { sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
+import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from '../support/grpc-client.js';
 import {
   GO_ZERO_TIME,

@@ -11,7 +11,6 @@ import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import path from 'node:path';
-import { type CrashDaemon, type TsboxClient, createCrashDaemon } from '../support/crash-daemon.js';
 import {
   cgroupDirsOfNamespace,
   processesInNamespaceCgroups,
@@ -20,7 +19,7 @@ import {
 } from '../support/host.js';
 import { KILLED, pauseSandbox } from '../support/crash-invariants.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
-import { waitFor } from '../support/tsbox-daemon.js';
+import { type TsboxClient, type TsboxDaemon, createTsbox, waitFor } from '../support/tsbox-daemon.js';
 
 const WARM_UP = 20;
 const LIFECYCLES = 200;
@@ -45,6 +44,7 @@ function fdTargets(pid: number): string[] {
     try {
       return `${fd} -> ${readlinkSync(`/proc/${pid}/fd/${fd}`)}`;
     } catch {
+      // closed between the listing and the readlink
       return `${fd} (closed)`;
     }
   });
@@ -66,7 +66,7 @@ async function pool(count: number, concurrency: number, job: (i: number) => Prom
 }
 
 describe('soak: full lifecycles leak nothing', () => {
-  let d: CrashDaemon | undefined;
+  let d: TsboxDaemon | undefined;
   const ns = uniqueNamespace('soak');
 
   after(async () => {
@@ -78,7 +78,7 @@ describe('soak: full lifecycles leak nothing', () => {
     const id = `sb-${i}`;
     await client.create(pauseSandbox(id), { timeoutMs: 30_000 });
     const started = await client.start({ sandboxId: id }, { timeoutMs: 30_000 });
-    d?.track(ns, started.pid);
+    d?.track(ns, undefined, started.pid);
     const status = await client.status({ sandboxId: id }, { timeoutMs: 30_000 });
     assert.equal(status.state, 'SANDBOX_READY');
     assert.equal(status.pid, started.pid);
@@ -100,7 +100,7 @@ describe('soak: full lifecycles leak nothing', () => {
   }
 
   test(`${LIFECYCLES} lifecycles at concurrency ${CONCURRENCY}: descriptors, memory, processes, files, cgroups`, async () => {
-    d = await createCrashDaemon('tsbox-soak');
+    d = await createTsbox('tsbox-soak', { closeClientsOnExit: true });
     const daemon = d;
     daemon.track(ns);
     try {

@@ -251,6 +251,7 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
               await clients.store.call('List', {}, { timeoutMs: 2_000 });
               return true;
             } catch {
+              // not serving yet: polled again
               return false;
             }
           },

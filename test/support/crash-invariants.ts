@@ -9,7 +9,7 @@
  * exits with a chosen code once the test creates a trigger file.
  */
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type {
   ControllerCreateRequest,
@@ -17,8 +17,6 @@ import type {
   DeepPartial,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Timestamp } from '../../src/gen/google/protobuf/timestamp.js';
-import { decodeJournal } from '../../src/state/journal.js';
-import type { CrashDaemon, TsboxClient } from './crash-daemon.js';
 import {
   cgroupPathsOf,
   existingCgroupDirs,
@@ -29,30 +27,11 @@ import {
   supervisorsOfStateDir,
 } from './host.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from './grpc-client.js';
-import { waitFor } from './tsbox-daemon.js';
+import { type TsboxClient, type TsboxDaemon, waitFor } from './tsbox-daemon.js';
 
-/**
- * Whether the state dir holds a record of (ns, id) that a restart would load: the newest
- * journal entry of the sandbox is a save, or, with no journal entry, its record.json exists.
- */
+/** Whether the state dir holds a record of (ns, id) that a restart would load: its record.json. */
 export function hasDurableRecord(stateDir: string, ns: string, id: string): boolean {
-  // A journal retired between the listing and the read: list again.
-  for (let attempt = 0; ; attempt++) {
-    try {
-      let newest: { seq: number; saved: boolean } | undefined;
-      for (const name of readdirSync(stateDir)) {
-        if (!/^journal(\.\d+)?$/.test(name)) continue;
-        for (const entry of decodeJournal(readFileSync(join(stateDir, name))).entries) {
-          const [entryNs, entryId] = entry.op === 'save' ? [entry.record.namespace, entry.record.id] : [entry.namespace, entry.id];
-          if (entryNs !== ns || entryId !== id || (newest !== undefined && newest.seq > entry.seq)) continue;
-          newest = { seq: entry.seq, saved: entry.op === 'save' };
-        }
-      }
-      return newest?.saved ?? existsSync(join(stateDir, 'sandboxes', ns, id, 'record.json'));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 10) throw err;
-    }
-  }
+  return existsSync(join(stateDir, 'sandboxes', ns, id, 'record.json'));
 }
 
 /** Type URL of an OCI runtime spec as containerd sends it (SPEC.md section 2). */
@@ -128,7 +107,7 @@ function parseInfo(info: Record<string, string>): Record<string, unknown> {
 }
 
 /** Waits (bounded) until nothing of the sandbox runs on the host. */
-async function expectNoProcess(d: CrashDaemon, ns: string, id: string, why: string): Promise<void> {
+async function expectNoProcess(d: TsboxDaemon, ns: string, id: string, why: string): Promise<void> {
   await waitFor(
     () => {
       const found = sandboxProcesses(d.stateDir, ns, id);
@@ -155,7 +134,7 @@ async function expectWaitBlocks(client: TsboxClient, id: string, why: string): P
  * Asks tsbox about (ns, id) and checks the answer against the host; returns what it is.
  * Every kind is checked for consistency: see the file comment.
  */
-export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Promise<Observed> {
+export async function observeSandbox(d: TsboxDaemon, ns: string, id: string): Promise<Observed> {
   const client = d.client(ns);
   const dir = d.sandboxDir(ns, id);
   let status;
@@ -171,7 +150,7 @@ export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Pr
     return { kind: 'gone' };
   }
   const info = parseInfo(status.info);
-  assert.ok(hasDurableRecord(d.stateDir, ns, id), `a sandbox tsbox serves has a durable record (journal or ${dir}/record.json)`);
+  assert.ok(hasDurableRecord(d.stateDir, ns, id), `a sandbox tsbox serves has its record: ${dir}/record.json`);
   switch (status.state) {
     case 'SANDBOX_READY': {
       const { pid } = status;
@@ -217,7 +196,7 @@ export async function observeSandbox(d: CrashDaemon, ns: string, id: string): Pr
  * No process runs without a record: every live supervisor of the state dir and every process
  * in a cgroup of `namespaces` belongs to a sandbox tsbox reports as SANDBOX_READY.
  */
-export async function assertNoUnrecordedProcesses(d: CrashDaemon, namespaces: readonly string[]): Promise<void> {
+export async function assertNoUnrecordedProcesses(d: TsboxDaemon, namespaces: readonly string[]): Promise<void> {
   const owners = new Map<string, { ns: string; id: string }>();
   for (const { pid, dir } of supervisorsOfStateDir(d.stateDir)) {
     const [ns, id] = dir.split('/').slice(-2) as [string, string];
@@ -261,7 +240,7 @@ export function assertSameExit(results: readonly ControllerWaitResponse[]): void
 }
 
 /** The JSON log lines of the daemon (pino), parsed; other lines are skipped. */
-export function logRecords(d: CrashDaemon): Record<string, unknown>[] {
+export function logRecords(d: TsboxDaemon): Record<string, unknown>[] {
   const out: Record<string, unknown>[] = [];
   for (const line of d.logText().split('\n')) {
     if (!line.startsWith('{')) continue;
@@ -275,6 +254,6 @@ export function logRecords(d: CrashDaemon): Record<string, unknown>[] {
 }
 
 /** The record file of a sandbox, parsed. */
-export function readRecord(d: CrashDaemon, ns: string, id: string): Record<string, unknown> {
+export function readRecord(d: TsboxDaemon, ns: string, id: string): Record<string, unknown> {
   return JSON.parse(readFileSync(`${d.sandboxDir(ns, id)}/record.json`, 'utf8')) as Record<string, unknown>;
 }

@@ -6,7 +6,7 @@
  */
 import { readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
-import { killAndReap } from './tsbox-daemon.js';
+import { killAndReap } from './processes.js';
 
 /** A namespace no other run uses, so that its cgroups and records can be found and removed. */
 export function uniqueNamespace(label: string): string {
@@ -34,6 +34,7 @@ export function procInfo(pid: number): ProcInfo | undefined {
     const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
     return { pid, ppid: Number(rest[1]), state: rest[0] ?? '', startTime: rest[19] ?? '' };
   } catch {
+    // the process is gone
     return undefined;
   }
 }
@@ -48,6 +49,7 @@ export function cmdlineOf(pid: number): string[] {
   try {
     return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter((w) => w !== '');
   } catch {
+    // the process is gone: it has no command line
     return [];
   }
 }
@@ -67,6 +69,7 @@ export function cgroupPathsOf(pid: number): string[] {
       .filter((line) => line !== '')
       .map((line) => line.slice(line.indexOf(':', line.indexOf(':') + 1) + 1));
   } catch {
+    // the process is gone: it is in no cgroup
     return [];
   }
 }
@@ -118,6 +121,7 @@ export function cgroupDirsOfNamespace(namespace: string): string[] {
     try {
       names = readdirSync(parent);
     } catch {
+      // no such cgroup parent on this host
       continue;
     }
     for (const name of names) if (name.startsWith(`${namespace}@`)) out.push(path.join(parent, name));
@@ -190,6 +194,7 @@ export function readPidFile(sandboxDir: string): { shimPid: number; pid: number 
   try {
     text = readFileSync(path.join(sandboxDir, 'pid'), 'utf8');
   } catch {
+    // no pid file: the supervisor never ran or its directory is gone
     return undefined;
   }
   const match = /^(\d+) (\d+)\n?$/.exec(text);
@@ -201,6 +206,7 @@ function readPidFileQuietly(sandboxDir: string): { shimPid: number; pid: number 
   try {
     return readPidFile(sandboxDir);
   } catch {
+    // no pid file, or a torn one: nothing to name
     return undefined;
   }
 }
@@ -211,6 +217,7 @@ export function readExitFile(sandboxDir: string): { status: number; seconds: num
   try {
     text = readFileSync(path.join(sandboxDir, 'exit'), 'utf8');
   } catch {
+    // no exit file: the sandbox has not exited (or has no directory)
     return undefined;
   }
   const match = /^(\d+) (-?\d+) (\d+)\n?$/.exec(text);

@@ -126,7 +126,7 @@ export async function startPodEnv(options: { containerdLogLevel?: string; tsboxL
           const ready = (type: string): boolean => st.status?.conditions.some((c) => c.type === type && c.status) === true;
           return ready('RuntimeReady') && ready('NetworkReady');
         } catch {
-          return false;
+          return false; // not answering yet: ask again
         }
       },
       { what: 'CRI RuntimeReady and NetworkReady', timeoutMs: 60_000, describe: () => containerd?.logTail() ?? '' },
@@ -230,7 +230,7 @@ function findNamed(dir: string, needle: string, depth: number): string[] {
   try {
     entries = readdirSync(dir, { withFileTypes: true });
   } catch {
-    return [];
+    return []; // not a directory we can read: nothing below it
   }
   const out: string[] = [];
   for (const e of entries) {
@@ -261,7 +261,7 @@ export function podLeftovers(env: PodEnv, id: string, containerIds: readonly str
       cgroup = readFileSync(`/proc/${entry}/cgroup`, 'utf8');
       stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
     } catch {
-      continue;
+      continue; // the process ended meanwhile
     }
     if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')) continue;
     if (names.some((n) => cmdline.includes(n) || cgroup.includes(n))) processes.push(`${entry}: ${cmdline.slice(0, 160)}`);
@@ -306,7 +306,7 @@ export function runcShimsOf(env: PodEnv): { pid: number; sockets: string[] }[] {
     try {
       argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
     } catch {
-      continue;
+      continue; // the process ended meanwhile
     }
     if (!path.basename(argv[0] ?? '').startsWith('containerd-shim') || !argv.includes(env.containerd.address)) continue;
     const sockets: string[] = [];

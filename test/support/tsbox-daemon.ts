@@ -1,376 +1,46 @@
 /**
- * Runs a sandboxer daemon (tsbox, or any server of containerd's sandbox Controller API given as
- * a command) for end-to-end tests: a private temp dir with its socket, state dir and log;
- * start, stop (SIGTERM), restart, crash (SIGKILL), and a teardown that leaves no process,
- * mount or file behind.
+ * The one daemon harness of the tests and the benchmark: runs a sandboxer as a real process,
+ * exactly as a user does (tsbox: `node dist/src/main.js serve --socket <tmp>/sandboxer.sock
+ * --state-dir <tmp>/state --log-level debug`; or sbbench's goref, or any command), in a
+ * private temp dir with its socket, state dir and log. Start it (optionally with a crash point
+ * armed through TSBOX_CRASH_AT), wait for its socket, stop it with SIGTERM then SIGKILL, crash
+ * it with SIGKILL, restart it on the same socket and state dir, run one-shot commands that are
+ * expected to exit, read its log, and tear everything down even after a failure: tracked
+ * sandboxes are shut down through the API, then whatever is left of them (supervisors, sandbox
+ * processes, cgroups, mounts) is killed and removed with the temp dir.
  *
- * Also home of the small process toolkit the containerd harness shares: processes run in their
- * own process group, always have an 'error' listener, their exit is taken from 'exit', and
- * stopping is SIGTERM to the leader, then SIGKILL to the whole group after a bound.
+ * The process toolkit it is built on (processes.ts) is re-exported for the tests.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, openSync, closeSync, readFileSync, readdirSync, statSync } from 'node:fs';
-import { mkdtemp, mkdir, rm } from 'node:fs/promises';
-import net from 'node:net';
-import os from 'node:os';
+import { spawn } from 'node:child_process';
+import { existsSync, readFileSync, rmdirSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { repoRoot } from './containerd-clients.js';
+import { SandboxClient } from './grpc-client.js';
+import { cgroupDirsOfNamespace, killSandboxLeftovers, processStartTime } from './host.js';
+import {
+  type ExitInfo,
+  type ManagedProcess,
+  createProcessTracker,
+  makeTempDir,
+  removeTree,
+  signalPid,
+  spawnLogged,
+  stopProcess,
+  tailFile,
+  waitForSocket,
+} from './processes.js';
+
+export * from './processes.js';
+
+/** The environment variable that arms a crash point (read once by config.ts). */
+export const CRASH_ENV = 'TSBOX_CRASH_AT';
+
+/** Path of the built tsbox entry point. */
+export const tsboxMain = path.join(repoRoot, 'dist', 'src', 'main.js');
 
 // ---------------------------------------------------------------------------------------------
-// Polling
-
-/** Options of {@link waitFor}. */
-export interface WaitForOptions {
-  /** What is awaited, for the timeout message. */
-  what: string;
-  timeoutMs?: number;
-  intervalMs?: number;
-  /** Extra text for the timeout message (e.g. a log tail), computed only on failure. */
-  describe?: () => string;
-}
-
-/**
- * Polls `check` until it returns a value other than `undefined`/`false` (and returns it), or
- * throws after `timeoutMs`. `check` may throw to abort the wait at once.
- */
-export async function waitFor<T>(
-  check: () => T | undefined | false | Promise<T | undefined | false>,
-  options: WaitForOptions,
-): Promise<T> {
-  const timeoutMs = options.timeoutMs ?? 10_000;
-  const intervalMs = options.intervalMs ?? 50;
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined && value !== false) return value;
-    if (Date.now() >= deadline) {
-      const extra = options.describe?.() ?? '';
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${options.what}${extra ? `\n${extra}` : ''}`);
-    }
-    await new Promise((resolve) => setTimeout(resolve, intervalMs));
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Processes
-
-/** How a process ended. */
-export interface ExitInfo {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-}
-
-/** A child process started by {@link spawnLogged}. */
-export interface ManagedProcess {
-  readonly pid: number;
-  readonly child: ChildProcess;
-  /** Resolves once, on 'exit'. */
-  readonly exited: Promise<ExitInfo>;
-  /** Set once the process has exited. */
-  exitInfo(): ExitInfo | undefined;
-}
-
-/**
- * Spawns `file args` in a new session and process group (so the group can be killed as one),
- * with stdout and stderr appended to `logPath`. Resolves once the process is running; rejects
- * if it could not be spawned.
- */
-export async function spawnLogged(
-  file: string,
-  args: readonly string[],
-  options: { logPath: string; env?: NodeJS.ProcessEnv; cwd?: string },
-): Promise<ManagedProcess> {
-  const fd = openSync(options.logPath, 'a');
-  let child: ChildProcess;
-  try {
-    child = spawn(file, args, {
-      stdio: ['ignore', fd, fd],
-      detached: true,
-      env: options.env ?? process.env,
-      cwd: options.cwd ?? os.tmpdir(),
-    });
-  } finally {
-    closeSync(fd);
-  }
-  let exit: ExitInfo | undefined;
-  const exited = new Promise<ExitInfo>((resolve) => {
-    child.once('exit', (code, signal) => {
-      exit = { code, signal };
-      resolve(exit);
-    });
-  });
-  await new Promise<void>((resolve, reject) => {
-    child.once('spawn', resolve);
-    child.once('error', reject);
-  });
-  // Errors after spawn (e.g. kill on a gone process) must not crash the test runner.
-  child.on('error', () => undefined);
-  const pid = child.pid;
-  if (pid === undefined) throw new Error(`${file}: spawned without a pid`);
-  return { pid, child, exited, exitInfo: () => exit };
-}
-
-function signalGroup(pid: number, signal: NodeJS.Signals): void {
-  try {
-    process.kill(-pid, signal);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
-  }
-}
-
-function signalPid(pid: number, signal: NodeJS.Signals): void {
-  try {
-    process.kill(pid, signal);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
-  }
-}
-
-async function exitedWithin(p: ManagedProcess, ms: number): Promise<ExitInfo | undefined> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<undefined>((resolve) => {
-    timer = setTimeout(() => resolve(undefined), ms);
-  });
-  try {
-    return await Promise.race([p.exited, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/**
- * Stops a process: `signal` (SIGTERM) to the leader only, so that it can shut down the way it
- * would under a service manager; after `graceMs`, SIGKILL to its whole process group. Resolves
- * with how it exited. `graceful` tells whether it exited before the SIGKILL.
- */
-export async function stopProcess(
-  p: ManagedProcess,
-  options: { graceMs?: number; signal?: NodeJS.Signals } = {},
-): Promise<ExitInfo & { graceful: boolean }> {
-  const done = p.exitInfo();
-  if (done !== undefined) return { ...done, graceful: true };
-  signalPid(p.pid, options.signal ?? 'SIGTERM');
-  const exit = await exitedWithin(p, options.graceMs ?? 10_000);
-  if (exit !== undefined) return { ...exit, graceful: true };
-  signalGroup(p.pid, 'SIGKILL');
-  return { ...(await p.exited), graceful: false };
-}
-
-/** Resolves when a unix socket accepts a connection, false when it does not (yet). */
-export function socketAccepts(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.connect(socketPath);
-    s.once('connect', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => {
-      s.destroy();
-      resolve(false);
-    });
-  });
-}
-
-/** Waits until `socketPath` accepts connections; fails at once if `p` exits meanwhile. */
-export async function waitForSocket(
-  p: ManagedProcess,
-  socketPath: string,
-  options: { timeoutMs?: number; name: string; logTail: () => string },
-): Promise<void> {
-  await waitFor(
-    async () => {
-      const exit = p.exitInfo();
-      if (exit !== undefined) {
-        throw new Error(
-          `${options.name} exited (code ${exit.code}, signal ${exit.signal}) before ${socketPath} was ready\n${options.logTail()}`,
-        );
-      }
-      return existsSync(socketPath) && (await socketAccepts(socketPath));
-    },
-    { what: `${options.name} socket ${socketPath}`, timeoutMs: options.timeoutMs ?? 15_000, describe: options.logTail },
-  );
-}
-
-/** The last `lines` lines of a log file, without those matching `skip` ('' if it does not exist). */
-export function tailFile(file: string, lines = 40, skip?: RegExp): string {
-  try {
-    const all = readFileSync(file, 'utf8').split('\n');
-    return (skip === undefined ? all : all.filter((l) => !skip.test(l))).slice(-lines - 1).join('\n');
-  } catch {
-    return '';
-  }
-}
-
-interface ProcStat {
-  pid: number;
-  ppid: number;
-  pgid: number;
-  sid: number;
-  /** Start time in clock ticks since boot: with the pid, identifies a process for good. */
-  startTime: string;
-}
-
-function readProcStat(pid: number): ProcStat | undefined {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // Fields after the command name, which is in parentheses and may contain anything;
-    // rest[0] is field 3 (state), so field N is rest[N - 3].
-    const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
-    return { pid, ppid: Number(rest[1]), pgid: Number(rest[2]), sid: Number(rest[3]), startTime: rest[19] ?? '' };
-  } catch {
-    return undefined;
-  }
-}
-
-function allProcStats(): ProcStat[] {
-  const out: ProcStat[] = [];
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    const st = readProcStat(Number(name));
-    if (st !== undefined) out.push(st);
-  }
-  return out;
-}
-
-function hasEnv(pid: number, entry: string): boolean {
-  try {
-    return readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0').includes(entry);
-  } catch {
-    return false;
-  }
-}
-
-/**
- * Remembers the processes a harness's daemon started, so that teardown can kill what is left
- * even after the daemon restarted or crashed (its children are then re-parented to init).
- * A process belongs to it when it descends from, or shares the session or process group of, a
- * leader the tracker was given, or carries the tracker's marker in its environment (inherited
- * by everything the daemon spawns unless it scrubs the environment).
- */
-export interface ProcessTracker {
-  /** `base` plus the marker variable: the environment to start leaders with. */
-  env(base?: NodeJS.ProcessEnv): NodeJS.ProcessEnv;
-  addLeader(pid: number): void;
-  /** Records the leaders' current process trees (call before stopping or killing a leader). */
-  snapshot(): void;
-  /** Snapshots once more, then SIGKILLs every remembered process still alive; returns their pids. */
-  killLeftovers(): Promise<number[]>;
-}
-
-/** A tracker whose marker is `TSBOX_TEST_OWNER=<owner>` (the harness's temp dir). */
-export function createProcessTracker(owner: string): ProcessTracker {
-  const markerKey = 'TSBOX_TEST_OWNER';
-  const marker = `${markerKey}=${owner}`;
-  const leaders = new Map<number, string>();
-  const seen = new Map<number, string>();
-
-  const scan = (): void => {
-    const stats = allProcStats();
-    const tree = new Set<number>();
-    for (const st of stats) {
-      const isLeader = leaders.get(st.pid) === st.startTime;
-      if (isLeader || leaders.has(st.sid) || leaders.has(st.pgid)) tree.add(st.pid);
-    }
-    for (let grew = true; grew; ) {
-      grew = false;
-      for (const st of stats) {
-        if (!tree.has(st.pid) && tree.has(st.ppid)) {
-          tree.add(st.pid);
-          grew = true;
-        }
-      }
-    }
-    for (const st of stats) {
-      if (st.pid === process.pid) continue;
-      if (tree.has(st.pid) || hasEnv(st.pid, marker)) seen.set(st.pid, st.startTime);
-    }
-  };
-
-  return {
-    env: (base = process.env) => ({ ...base, [markerKey]: owner }),
-    addLeader(pid) {
-      const st = readProcStat(pid);
-      if (st !== undefined) {
-        leaders.set(pid, st.startTime);
-        seen.set(pid, st.startTime);
-      }
-    },
-    snapshot: scan,
-    async killLeftovers() {
-      scan();
-      const alive = [...seen].filter(([pid, startTime]) => {
-        const st = readProcStat(pid);
-        return st !== undefined && st.startTime === startTime && processAlive(pid);
-      });
-      const pids = alive.map(([pid]) => pid);
-      if (pids.length > 0) await killAndReap(pids);
-      return pids;
-    },
-  };
-}
-
-/** True while `/proc/<pid>` exists and the process is not a zombie. */
-export function processAlive(pid: number): boolean {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const state = text.slice(text.lastIndexOf(')') + 2).split(' ')[0];
-    return state !== 'Z' && state !== 'X';
-  } catch {
-    return false;
-  }
-}
-
-/** SIGKILLs the given pids and waits (bounded) until they are gone. */
-export async function killAndReap(pids: readonly number[], timeoutMs = 10_000): Promise<void> {
-  for (const pid of pids) signalPid(pid, 'SIGKILL');
-  await waitFor(() => pids.every((pid) => !processAlive(pid)), {
-    what: `processes ${pids.join(', ')} to exit`,
-    timeoutMs,
-  });
-}
-
-/** Decodes the octal escapes /proc/self/mountinfo uses for spaces and the like. */
-function unescapeMountPath(p: string): string {
-  return p.replace(/\\([0-7]{3})/g, (_, oct: string) => String.fromCharCode(parseInt(oct, 8)));
-}
-
-/** Lazily unmounts everything mounted at or below `dir`, deepest first. */
-export function unmountBelow(dir: string): string[] {
-  let info: string;
-  try {
-    info = readFileSync('/proc/self/mountinfo', 'utf8');
-  } catch {
-    return [];
-  }
-  const prefix = path.resolve(dir);
-  const points = info
-    .split('\n')
-    .map((line) => line.split(' ')[4])
-    .filter((p): p is string => p !== undefined)
-    .map(unescapeMountPath)
-    .filter((p) => p === prefix || p.startsWith(`${prefix}/`))
-    .sort((a, b) => b.length - a.length);
-  for (const p of points) spawnSync('umount', ['-l', p], { stdio: 'ignore' });
-  return points;
-}
-
-/** Removes a temp dir made by a harness, after unmounting anything below it. */
-export async function removeTree(dir: string): Promise<void> {
-  unmountBelow(dir);
-  await rm(dir, { recursive: true, force: true, maxRetries: 3 });
-}
-
-/** A fresh private temp dir for a harness (short, since it holds unix sockets). */
-export async function makeTempDir(prefix: string): Promise<string> {
-  const base = os.tmpdir();
-  const dir = await mkdtemp(path.join(base, prefix));
-  // sun_path holds 107 bytes; leave room for the socket names below it.
-  if (dir.length > 70) throw new Error(`temp dir ${dir} is too long for unix sockets; set TMPDIR`);
-  return dir;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Sandboxer daemon
+// What runs
 
 /** The command that runs a sandboxer on a socket path with a state dir. */
 export type SandboxerCommand = (paths: { socketPath: string; stateDir: string }) => {
@@ -379,9 +49,9 @@ export type SandboxerCommand = (paths: { socketPath: string; stateDir: string })
   env?: NodeJS.ProcessEnv;
 };
 
-/** A sandboxer implementation the end-to-end tests can run. */
+/** A sandboxer implementation the harness can run. */
 export interface SandboxerSpec {
-  /** For messages. */
+  /** For messages and temp dir names. */
   readonly name: string;
   readonly command: SandboxerCommand;
   /**
@@ -393,11 +63,19 @@ export interface SandboxerSpec {
   readonly stopExitStatus: number;
 }
 
-/** Path of the built tsbox entry point. */
-export const tsboxMain = path.join(repoRoot, 'dist', 'src', 'main.js');
+/** Options of {@link tsboxSandboxer}. */
+export interface TsboxSpecOptions {
+  /** The entry point; default the built one. */
+  readonly main?: string;
+  /** Default `debug`. */
+  readonly logLevel?: string;
+  /** More flags for `serve`, such as `['--backend', 'noop']`. */
+  readonly args?: readonly string[];
+}
 
 /** tsbox itself: `node dist/src/main.js serve --socket S --state-dir D --log-level debug`. */
-export function tsboxSandboxer(main: string = tsboxMain): SandboxerSpec {
+export function tsboxSandboxer(options: TsboxSpecOptions = {}): SandboxerSpec {
+  const main = options.main ?? tsboxMain;
   return {
     name: 'tsbox',
     runsProcesses: true,
@@ -406,7 +84,7 @@ export function tsboxSandboxer(main: string = tsboxMain): SandboxerSpec {
       if (!existsSync(main)) throw new Error(`${main} not found: build tsbox first (npm run build)`);
       return {
         file: process.execPath,
-        args: [main, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--log-level', 'debug'],
+        args: [main, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--log-level', options.logLevel ?? 'debug', ...(options.args ?? [])],
       };
     },
   };
@@ -477,7 +155,49 @@ export function sandboxerFromEnv(): SandboxerSpec {
   }
 }
 
-/** A running (or stopped) sandboxer daemon with a private socket, state dir and log. */
+// ---------------------------------------------------------------------------------------------
+// The daemon
+
+/** The calls of the Sandbox Controller API, for one namespace. */
+export type TsboxClient = Pick<
+  SandboxClient,
+  'namespace' | 'create' | 'start' | 'platform' | 'stop' | 'wait' | 'status' | 'shutdown' | 'metrics' | 'update'
+>;
+
+/** Options of one run of the daemon. */
+export interface RunOptions {
+  /** Arms this crash point (TSBOX_CRASH_AT) for this run only. */
+  readonly crashAt?: string;
+}
+
+/** Options of a daemon for all its runs. */
+export interface SandboxerDaemonOptions {
+  /** Prefix of the temp dir; default `<name>-`. */
+  readonly label?: string;
+  /** How long start() waits for the socket. Default 20 s. */
+  readonly startTimeoutMs?: number;
+  /** How often start() checks the socket. Default 50 ms; the benchmark times start-up finer. */
+  readonly startPollMs?: number;
+  /** SIGTERM to SIGKILL in stop() and teardown(). Default 10 s. */
+  readonly stopGraceMs?: number;
+  /**
+   * Closes the clients of a run as soon as it is stopped or killed, not only at the next
+   * start: calls in flight then fail at once (the crash tests).
+   */
+  readonly closeClientsOnExit?: boolean;
+}
+
+/** How a one-shot command ended. */
+export interface CommandResult {
+  readonly code: number | null;
+  readonly signal: NodeJS.Signals | null;
+  readonly stdout: string;
+  readonly stderr: string;
+  /** Wall time from spawn to exit. */
+  readonly ms: number;
+}
+
+/** A sandboxer daemon with a private temp dir, socket, state dir and log. */
 export interface SandboxerDaemon {
   readonly spec: SandboxerSpec;
   /** Private temp dir holding everything below. */
@@ -486,37 +206,54 @@ export interface SandboxerDaemon {
   readonly stateDir: string;
   /** stdout and stderr of every run, appended. */
   readonly logPath: string;
-  /** Pid of the current run, undefined while stopped. */
+  /** Pid of the current run, undefined while it is not running. */
   readonly pid: number | undefined;
+  /** The arguments after the program (for tsbox: after `node`) that start this daemon. */
+  serveArgs(): string[];
   /** Starts the daemon (again) and waits until its socket accepts connections. */
-  start(): Promise<void>;
-  /** SIGTERM, then SIGKILL to its process group after `graceMs`. */
+  start(options?: RunOptions): Promise<void>;
+  /** SIGTERM to the daemon; SIGKILL to its process group after `graceMs`. */
   stop(options?: { graceMs?: number }): Promise<ExitInfo & { graceful: boolean }>;
   /** stop() then start() on the same socket and state dir. */
   restart(): Promise<void>;
-  /** SIGKILL to the daemon process only (a crash: what it started stays). */
+  /** SIGKILL to the daemon process only: a crash, which leaves its socket file and sandboxes behind. */
   kill9(): Promise<ExitInfo>;
-  /** Last lines of the log. */
+  /** Resolves when the current run exits. */
+  exited(): Promise<ExitInfo>;
+  /**
+   * A client for `namespace` that always calls the current run, each run on a fresh channel
+   * (so no reconnect backoff of an earlier run delays the first calls).
+   */
+  client(namespace: string): TsboxClient;
+  /** A client of its own on the current socket, closed at teardown. */
+  newClient(namespace: string): SandboxClient;
+  /**
+   * Remembers a namespace (its cgroups are removed at teardown), a sandbox of it (shut down
+   * through the API at teardown) and, once known, a pid (killed at teardown).
+   */
+  track(namespace: string, id?: string, pid?: number): void;
+  /** Runs `node ...args` to its exit (killed after `timeoutMs`). */
+  run(args: readonly string[], timeoutMs?: number): Promise<CommandResult>;
+  /** `<state>/sandboxes/<ns>/<id>`. */
+  sandboxDir(namespace: string, id: string): string;
+  /** The whole log of every run so far. */
+  logText(): string;
+  /** Last lines of the log, for failure messages. */
   logTail(lines?: number): string;
   /**
-   * Stops the daemon, kills whatever is left of what it started (sandbox processes
-   * included; see {@link ProcessTracker}), unmounts and removes the temp dir (kept when
-   * `TSBOX_E2E_KEEP=1`). Resolves with the pids it had to kill. Safe to call more than once.
+   * Shuts down the tracked sandboxes, stops the daemon, kills whatever is left of what it
+   * started (sandbox processes included), removes their cgroups, unmounts and removes the
+   * temp dir (kept when `TSBOX_KEEP=1`). Resolves with the pids it had to kill. Safe to call
+   * more than once.
    */
   teardown(): Promise<number[]>;
 }
 
-/** Options of {@link startSandboxerDaemon}. */
-export interface SandboxerDaemonOptions {
-  startTimeoutMs?: number;
-  stopGraceMs?: number;
-}
+/** tsbox through the harness; the name the integration tests use. */
+export type TsboxDaemon = SandboxerDaemon;
 
-/** Creates the temp dir and starts the sandboxer; call `teardown()` in `after`. */
-export async function startSandboxerDaemon(
-  spec: SandboxerSpec,
-  options: SandboxerDaemonOptions = {},
-): Promise<SandboxerDaemon> {
+/** Creates the temp dir and starts the sandboxer; call `teardown()` in an after-hook. */
+export async function startSandboxerDaemon(spec: SandboxerSpec, options: SandboxerDaemonOptions = {}): Promise<SandboxerDaemon> {
   const daemon = await createSandboxerDaemon(spec, options);
   try {
     await daemon.start();
@@ -527,20 +264,53 @@ export async function startSandboxerDaemon(
   return daemon;
 }
 
+/** tsbox with the default flags, started; call `teardown()` in an after-hook. */
+export function startTsbox(label = 'tsbox-it', options: SandboxerDaemonOptions = {}): Promise<TsboxDaemon> {
+  return startSandboxerDaemon(tsboxSandboxer(), { label: `${label}-`, ...options });
+}
+
+/** Like {@link startTsbox}, without starting it. */
+export function createTsbox(label = 'tsbox-it', options: SandboxerDaemonOptions = {}): Promise<TsboxDaemon> {
+  return createSandboxerDaemon(tsboxSandboxer(), { label: `${label}-`, ...options });
+}
+
+/** Whether teardown keeps the temp dir (for a look after a failure). */
+const keepTempDirs = (): boolean =>
+  process.env['TSBOX_KEEP'] === '1' || process.env['TSBOX_E2E_KEEP'] === '1' || process.env['TSBOX_IT_KEEP'] === '1';
+
 /** Like {@link startSandboxerDaemon}, without starting it. */
-export async function createSandboxerDaemon(
-  spec: SandboxerSpec,
-  options: SandboxerDaemonOptions = {},
-): Promise<SandboxerDaemon> {
-  const dir = await makeTempDir(`${spec.name}-e2e-`);
+export async function createSandboxerDaemon(spec: SandboxerSpec, options: SandboxerDaemonOptions = {}): Promise<SandboxerDaemon> {
+  const dir = await makeTempDir(options.label ?? `${spec.name}-`);
   const socketPath = path.join(dir, 'sandboxer.sock');
   const stateDir = path.join(dir, 'state');
   const logPath = path.join(dir, 'sandboxer.log');
   await mkdir(stateDir, { recursive: true });
-  let current: ManagedProcess | undefined;
+  const stopGraceMs = options.stopGraceMs ?? 10_000;
   const tracker = createProcessTracker(dir);
+  const namespaces = new Set<string>();
+  const sandboxes = new Map<string, { namespace: string; id: string }>();
+  const pids = new Map<number, string>();
+  let clients = new Map<string, SandboxClient>();
+  const ownClients: SandboxClient[] = [];
+  let current: ManagedProcess | undefined;
   let tornDown = false;
 
+  const closeClients = (): void => {
+    for (const client of clients.values()) client.close();
+    clients = new Map();
+  };
+  const closeClientsOnExit = (): void => {
+    if (options.closeClientsOnExit === true) closeClients();
+  };
+  /** The current run's channel for `namespace`. */
+  const channel = (namespace: string): SandboxClient => {
+    let client = clients.get(namespace);
+    if (client === undefined) {
+      client = new SandboxClient(socketPath, namespace);
+      clients.set(namespace, client);
+    }
+    return client;
+  };
   const logTail = (lines = 40): string => `--- ${spec.name} log (${logPath}) ---\n${tailFile(logPath, lines)}`;
 
   const daemon: SandboxerDaemon = {
@@ -550,24 +320,31 @@ export async function createSandboxerDaemon(
     stateDir,
     logPath,
     get pid() {
-      return current?.exitInfo() === undefined ? current?.pid : undefined;
+      return current !== undefined && current.exitInfo() === undefined ? current.pid : undefined;
     },
-    async start() {
-      if (tornDown) throw new Error('sandboxer daemon was torn down');
-      if (current !== undefined && current.exitInfo() === undefined) throw new Error(`${spec.name} already running`);
+    serveArgs: () => spec.command({ socketPath, stateDir }).args,
+    async start(runOptions = {}) {
+      if (tornDown) throw new Error(`${spec.name} daemon was torn down`);
+      if (daemon.pid !== undefined) throw new Error(`${spec.name} is already running`);
+      closeClients();
       const cmd = spec.command({ socketPath, stateDir });
-      current = await spawnLogged(cmd.file, cmd.args, { logPath, env: tracker.env(cmd.env), cwd: dir });
+      const env: NodeJS.ProcessEnv = { ...process.env, ...cmd.env };
+      delete env[CRASH_ENV];
+      if (runOptions.crashAt !== undefined) env[CRASH_ENV] = runOptions.crashAt;
+      current = await spawnLogged(cmd.file, cmd.args, { logPath, env: tracker.env(env), cwd: dir });
       tracker.addLeader(current.pid);
       await waitForSocket(current, socketPath, {
         name: spec.name,
         logTail,
-        timeoutMs: options.startTimeoutMs ?? 15_000,
+        timeoutMs: options.startTimeoutMs ?? 20_000,
+        ...(options.startPollMs === undefined ? {} : { intervalMs: options.startPollMs }),
       });
     },
     async stop(stopOptions = {}) {
+      closeClientsOnExit();
       if (current === undefined) return { code: null, signal: null, graceful: true };
       tracker.snapshot();
-      return stopProcess(current, { graceMs: stopOptions.graceMs ?? options.stopGraceMs ?? 10_000 });
+      return stopProcess(current, { graceMs: stopOptions.graceMs ?? stopGraceMs });
     },
     async restart() {
       await daemon.stop();
@@ -577,34 +354,113 @@ export async function createSandboxerDaemon(
       if (current === undefined) throw new Error(`${spec.name} was never started`);
       tracker.snapshot();
       signalPid(current.pid, 'SIGKILL');
+      const exit = await current.exited;
+      closeClientsOnExit();
+      return exit;
+    },
+    exited() {
+      if (current === undefined) throw new Error(`${spec.name} was never started`);
       return current.exited;
+    },
+    client(namespace) {
+      return {
+        namespace,
+        create: (request, callOptions) => channel(namespace).create(request, callOptions),
+        start: (request, callOptions) => channel(namespace).start(request, callOptions),
+        platform: (request, callOptions) => channel(namespace).platform(request, callOptions),
+        stop: (request, callOptions) => channel(namespace).stop(request, callOptions),
+        wait: (request, callOptions) => channel(namespace).wait(request, callOptions),
+        status: (request, callOptions) => channel(namespace).status(request, callOptions),
+        shutdown: (request, callOptions) => channel(namespace).shutdown(request, callOptions),
+        metrics: (request, callOptions) => channel(namespace).metrics(request, callOptions),
+        update: (request, callOptions) => channel(namespace).update(request, callOptions),
+      };
+    },
+    newClient(namespace) {
+      const client = new SandboxClient(socketPath, namespace);
+      ownClients.push(client);
+      return client;
+    },
+    track(namespace, id, pid) {
+      namespaces.add(namespace);
+      if (id !== undefined) sandboxes.set(`${namespace}/${id}`, { namespace, id });
+      if (pid !== undefined && pid > 0) {
+        const startTime = processStartTime(pid);
+        if (startTime !== undefined) pids.set(pid, startTime);
+      }
+    },
+    run(args, timeoutMs = 20_000) {
+      const began = Date.now();
+      return new Promise<CommandResult>((resolve, reject) => {
+        const child = spawn(process.execPath, [...args], { stdio: ['ignore', 'pipe', 'pipe'], cwd: dir, detached: true });
+        let stdout = '';
+        let stderr = '';
+        child.stdout.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
+        child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+        const timer = setTimeout(() => {
+          if (child.pid !== undefined) signalPid(-child.pid, 'SIGKILL');
+        }, timeoutMs);
+        child.once('error', (err) => {
+          clearTimeout(timer);
+          reject(err);
+        });
+        child.once('close', (code, signal) => {
+          clearTimeout(timer);
+          resolve({ code, signal, stdout, stderr, ms: Date.now() - began });
+        });
+      });
+    },
+    sandboxDir: (namespace, id) => path.join(stateDir, 'sandboxes', namespace, id),
+    logText() {
+      try {
+        return readFileSync(logPath, 'utf8');
+      } catch {
+        // Nothing was logged yet: the file is made by the first start.
+        return '';
+      }
     },
     logTail,
     async teardown() {
       if (tornDown) return [];
       tornDown = true;
-      await daemon.stop({ graceMs: options.stopGraceMs ?? 10_000 });
-      const killed = await tracker.killLeftovers();
-      if (killed.length > 0) {
-        process.stderr.write(`# ${spec.name} teardown: killed leftover processes ${killed.join(', ')}\n`);
+      const problems: string[] = [];
+      const killed: number[] = [];
+      try {
+        if (daemon.pid !== undefined) {
+          for (const { namespace, id } of sandboxes.values()) {
+            await channel(namespace)
+              .shutdown({ sandboxId: id }, { timeoutMs: 10_000 })
+              .catch((err: unknown) => problems.push(`shutdown ${namespace}/${id}: ${(err as Error).message}`));
+          }
+        }
+      } finally {
+        closeClients();
+        for (const client of ownClients) client.close();
+        await daemon.stop({ graceMs: stopGraceMs }).catch((err: unknown) => problems.push(`stop: ${(err as Error).message}`));
+        if (spec.runsProcesses) {
+          killed.push(
+            ...(await killSandboxLeftovers(stateDir, [...namespaces], pids).catch((err: unknown) => {
+              problems.push(`kill: ${(err as Error).message}`);
+              return [] as number[];
+            })),
+          );
+        }
+        killed.push(...(await tracker.killLeftovers()));
+        for (const ns of namespaces) {
+          for (const cgroup of cgroupDirsOfNamespace(ns)) {
+            try {
+              rmdirSync(cgroup);
+            } catch (err) {
+              problems.push(`cannot remove cgroup ${cgroup}: ${(err as Error).message}`);
+            }
+          }
+        }
+        if (!keepTempDirs()) await removeTree(dir);
+        if (killed.length > 0) process.stderr.write(`# ${spec.name} teardown: killed leftover processes ${killed.join(', ')}\n`);
+        if (problems.length > 0) process.stderr.write(`# ${spec.name} teardown: ${problems.join('; ')}\n`);
       }
-      if (process.env['TSBOX_E2E_KEEP'] !== '1') await removeTree(dir);
       return killed;
     },
   };
   return daemon;
-}
-
-/** Resolves a binary on PATH, or undefined. */
-export function which(binary: string): string | undefined {
-  for (const dir of (process.env['PATH'] ?? '').split(':')) {
-    if (dir === '') continue;
-    const candidate = path.join(dir, binary);
-    try {
-      if (statSync(candidate).isFile()) return candidate;
-    } catch {
-      // not in this directory
-    }
-  }
-  return undefined;
 }

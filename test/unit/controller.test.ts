@@ -73,6 +73,7 @@ async function giveUpAfter(
   timeoutMs = 1000,
 ): Promise<void> {
   const allSettled = (): boolean => calls.every((c) => c.settled);
+  // Calls still running after the bound are aborted below; that is what the deadline is for.
   await until(allSettled, 'calls finish by themselves', timeoutMs).then(
     () => undefined,
     () => undefined,

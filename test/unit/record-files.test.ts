@@ -1,8 +1,7 @@
-// Records on disk (STYLE.md convention 6), through the store the daemon runs, each save
-// followed by a checkpoint so that it reaches its file: every record saved comes back as it was, the last of
-// concurrent saves wins with no temp file left over, removal takes the directories with it,
-// and an unreadable record file is moved aside and logged, never a crash, while its valid
-// siblings load (state/record-files.ts).
+// Records on disk (STYLE.md convention 6), through the store the daemon runs: every record
+// saved comes back as it was, the last of concurrent saves wins with no temp file left over,
+// removal takes the directories with it, and an unreadable record file is moved aside and
+// logged, never a crash, while its valid siblings load (state/record-files.ts).
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -10,8 +9,8 @@ import { join } from 'node:path';
 import { describe, test, type TestContext } from 'node:test';
 import { pino, type Logger } from 'pino';
 import type { SandboxRecord } from '../../src/controller/types.js';
-import { JournaledRecordStore } from '../../src/state/journaled-store.js';
 import { stateLayout, type StateLayout } from '../../src/state/layout.js';
+import { FileRecordStore } from '../../src/state/record-store.js';
 import { makeRecord } from '../support/fakes.js';
 
 async function tempRoot(t: TestContext): Promise<string> {
@@ -36,26 +35,11 @@ function capturingLogger(): { logger: Logger; lines: LogLine[] } {
   return { logger, lines };
 }
 
-/** The store as these tests drive it: every save reaches its record file before it resolves. */
-interface WritingStore {
-  save(record: SandboxRecord): Promise<void>;
-  remove(namespace: string, id: string): Promise<void>;
-  loadAll: JournaledRecordStore['loadAll'];
-}
-
-async function storeIn(t: TestContext): Promise<{ store: WritingStore; layout: StateLayout; lines: LogLine[] }> {
+async function storeIn(t: TestContext): Promise<{ store: FileRecordStore; layout: StateLayout; lines: LogLine[] }> {
   const layout = stateLayout(await tempRoot(t));
   const { logger, lines } = capturingLogger();
-  const journaled = new JournaledRecordStore(layout, logger, { checkpointIntervalMs: 0 });
-  t.after(() => journaled.close().catch(() => undefined));
-  const store: WritingStore = {
-    async save(record) {
-      await journaled.save(record);
-      await journaled.checkpoint();
-    },
-    remove: (namespace, id) => journaled.remove(namespace, id),
-    loadAll: () => journaled.loadAll(),
-  };
+  const store = new FileRecordStore(layout, logger);
+  t.after(() => store.close());
   return { store, layout, lines };
 }
 
