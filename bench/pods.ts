@@ -1,0 +1,245 @@
+/**
+ * Whole pods through CRI, tsbox against containerd's own podsandbox (handler `runc`), on the
+ * same containerd with the same image, alternating in one run: what a node feels. For each
+ * handler: the latency of each step of a pod with one container (RunPodSandbox,
+ * CreateContainer, StartContainer, then the teardown kubelet does), serially and 4 pods at
+ * once, pods per second, and the memory of running pods (PSS of every process of the pod:
+ * the sandbox process, its supervisor, the container and the runc shim serving the pod, plus
+ * the growth of tsbox itself, and of containerd, per pod).
+ *
+ *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--json out.json]
+ */
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import type { PodSandboxConfig } from '../test/support/containerd-clients.js';
+import { BUSYBOX_IMAGE } from '../test/support/images.js';
+import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
+
+const { values } = parseArgs({
+  options: {
+    rounds: { type: 'string', default: '3' },
+    serial: { type: 'string', default: '8' },
+    concurrent: { type: 'string', default: '12' },
+    'memory-pods': { type: 'string', default: '8' },
+    json: { type: 'string' },
+  },
+});
+const ROUNDS = Number(values.rounds);
+const SERIAL = Number(values.serial);
+const CONCURRENT = Number(values.concurrent);
+const MEMORY_PODS = Number(values['memory-pods']);
+const PARALLEL = 4;
+const HANDLERS = [TSBOX_HANDLER, RUNC_HANDLER] as const;
+type Handler = (typeof HANDLERS)[number];
+const STEPS = ['run', 'create', 'start', 'podStart', 'teardown', 'lifecycle'] as const;
+type Step = (typeof STEPS)[number];
+
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+
+interface Pod {
+  readonly id: string;
+  readonly container: string;
+  readonly config: PodSandboxConfig;
+}
+
+async function startPod(env: PodEnv, handler: Handler, name: string, times?: Partial<Record<Step, number>>): Promise<Pod> {
+  const config = env.podConfig(name);
+  const t0 = now();
+  const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: handler }, { timeoutMs: 120_000 });
+  const t1 = now();
+  const { container_id: container } = await env.cri.call(
+    'CreateContainer',
+    { pod_sandbox_id: id, config: { metadata: { name: 'main' }, image: { image: BUSYBOX_IMAGE }, command: ['sleep', '100000'] }, sandbox_config: config },
+    { timeoutMs: 120_000 },
+  );
+  const t2 = now();
+  await env.cri.call('StartContainer', { container_id: container }, { timeoutMs: 120_000 });
+  const t3 = now();
+  if (times !== undefined) Object.assign(times, { run: t1 - t0, create: t2 - t1, start: t3 - t2, podStart: t3 - t0 });
+  return { id, container, config };
+}
+
+async function removePod(env: PodEnv, pod: Pod): Promise<number> {
+  const t0 = now();
+  await env.cri.call('StopContainer', { container_id: pod.container, timeout: 0 }, { timeoutMs: 120_000 });
+  await env.cri.call('RemoveContainer', { container_id: pod.container }, { timeoutMs: 120_000 });
+  await env.cri.call('StopPodSandbox', { pod_sandbox_id: pod.id }, { timeoutMs: 120_000 });
+  await env.cri.call('RemovePodSandbox', { pod_sandbox_id: pod.id }, { timeoutMs: 120_000 });
+  return now() - t0;
+}
+
+function percentile(xs: readonly number[], p: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] as number;
+}
+
+/** PSS of a process in KiB (smaps_rollup), 0 when it is gone. */
+function pssKiB(pid: number): number {
+  try {
+    const m = /^Pss:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'));
+    return m === null ? 0 : Number(m[1]);
+  } catch {
+    return 0; // ended meanwhile
+  }
+}
+
+/** Pids whose cgroup (in any hierarchy) lies below `prefix`. */
+function pidsInCgroup(prefix: string): number[] {
+  const out: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const text = readFileSync(`/proc/${entry}/cgroup`, 'utf8');
+      if (text.split('\n').some((line) => line.slice(line.indexOf(':', line.indexOf(':') + 1) + 1).startsWith(`${prefix}/`))) out.push(Number(entry));
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return out;
+}
+
+/** The processes of a running pod, found from the host: its cgroup tree and its runc shim. */
+function podProcesses(env: PodEnv, pod: Pod): number[] {
+  const parent = pod.config.linux?.cgroup_parent ?? '';
+  const shims = runcShimsOf(env)
+    .filter((s) => s.sockets.includes(podShimSocket(env, pod.id)))
+    .map((s) => s.pid);
+  return [...new Set([...pidsInCgroup(parent), ...shims])];
+}
+
+async function settle(): Promise<void> {
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+}
+
+interface MemoryFigures {
+  /** PSS of the pod's own processes, per pod. */
+  readonly podProcessesKiB: number;
+  /** Growth of tsbox's PSS, per pod (0 for podsandbox). */
+  readonly tsboxKiB: number;
+  /** Growth of containerd's PSS, per pod. */
+  readonly containerdKiB: number;
+  readonly totalKiB: number;
+  readonly processesPerPod: number;
+}
+
+async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigures> {
+  const tsboxPid = env.tsbox.pid ?? 0;
+  const containerdPid = env.containerd.pid ?? 0;
+  await settle();
+  const before = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
+  const pods: Pod[] = [];
+  for (let i = 0; i < MEMORY_PODS; i++) pods.push(await startPod(env, handler, `mem-${handler}-${i}`));
+  await settle();
+  let processes = 0;
+  let podKiB = 0;
+  for (const pod of pods) {
+    const pids = podProcesses(env, pod);
+    processes += pids.length;
+    for (const pid of pids) podKiB += pssKiB(pid);
+  }
+  const after = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
+  for (const pod of pods) await removePod(env, pod);
+  const tsboxKiB = handler === TSBOX_HANDLER ? Math.max(0, after.tsbox - before.tsbox) / MEMORY_PODS : 0;
+  const containerdKiB = Math.max(0, after.containerd - before.containerd) / MEMORY_PODS;
+  const podProcessesKiB = podKiB / MEMORY_PODS;
+  return { podProcessesKiB, tsboxKiB, containerdKiB, totalKiB: podProcessesKiB + tsboxKiB + containerdKiB, processesPerPod: processes / MEMORY_PODS };
+}
+
+type Samples = Record<Handler, Record<Step, number[]>>;
+const empty = (): Record<Step, number[]> => Object.fromEntries(STEPS.map((s) => [s, [] as number[]])) as unknown as Record<Step, number[]>;
+
+async function main(): Promise<void> {
+  const env = await startPodEnv({ tsboxLogLevel: 'warn', containerdLogLevel: 'warn' });
+  const serial: Samples = { tsbox: empty(), runc: empty() };
+  const concurrent: Samples = { tsbox: empty(), runc: empty() };
+  const rate: Record<Handler, number[]> = { tsbox: [], runc: [] };
+  const memory: Record<Handler, MemoryFigures[]> = { tsbox: [], runc: [] };
+  try {
+    // One warm-up pod per handler: the first container of an image pays for its snapshot.
+    for (const h of HANDLERS) await removePod(env, await startPod(env, h, `warm-${h}`));
+    for (let round = 0; round < ROUNDS; round++) {
+      // Alternate which handler goes first, so that neither always runs on a warmer node.
+      const order = round % 2 === 0 ? HANDLERS : ([...HANDLERS].reverse() as unknown as typeof HANDLERS);
+      for (const h of order) {
+        for (let i = 0; i < SERIAL; i++) {
+          const times: Partial<Record<Step, number>> = {};
+          const pod = await startPod(env, h, `s-${h}-${round}-${i}`, times);
+          times.teardown = await removePod(env, pod);
+          times.lifecycle = (times.podStart ?? 0) + times.teardown;
+          for (const s of STEPS) serial[h][s].push(times[s] ?? NaN);
+        }
+        const begin = now();
+        const started: Pod[] = [];
+        let next = 0;
+        await Promise.all(
+          Array.from({ length: PARALLEL }, async () => {
+            while (next < CONCURRENT) {
+              const i = next++;
+              const times: Partial<Record<Step, number>> = {};
+              started.push(await startPod(env, h, `c-${h}-${round}-${i}`, times));
+              for (const s of ['run', 'create', 'start', 'podStart'] as const) concurrent[h][s].push(times[s] ?? NaN);
+            }
+          }),
+        );
+        rate[h].push(CONCURRENT / ((now() - begin) / 1000));
+        let idx = 0;
+        await Promise.all(
+          Array.from({ length: PARALLEL }, async () => {
+            while (idx < started.length) {
+              const pod = started[idx++] as Pod;
+              concurrent[h].teardown.push(await removePod(env, pod));
+            }
+          }),
+        );
+        memory[h].push(await measureMemory(env, h));
+      }
+    }
+  } finally {
+    await env.teardown();
+  }
+
+  const med = (xs: number[]): number => percentile(xs, 50);
+  const rows: string[][] = [];
+  const ratio = (a: number, b: number): string => (Number.isFinite(a / b) ? (a / b).toFixed(2) : '–');
+  const ms = (x: number): string => x.toFixed(1);
+  for (const [label, samples] of [
+    ['serial', serial],
+    [`${PARALLEL} at once`, concurrent],
+  ] as const) {
+    for (const step of STEPS) {
+      const t = samples.tsbox[step];
+      const r = samples.runc[step];
+      if (t.length === 0) continue;
+      rows.push([
+        `${label}: ${step} p50 / p90 / p99 ms`,
+        `${ms(percentile(r, 50))} / ${ms(percentile(r, 90))} / ${ms(percentile(r, 99))}`,
+        `${ms(percentile(t, 50))} / ${ms(percentile(t, 90))} / ${ms(percentile(t, 99))}`,
+        ratio(percentile(t, 50), percentile(r, 50)),
+      ]);
+    }
+  }
+  rows.push([`${PARALLEL} at once: pods started per second`, med(rate.runc).toFixed(1), med(rate.tsbox).toFixed(1), ratio(med(rate.tsbox), med(rate.runc))]);
+  const memMed = (h: Handler, k: keyof MemoryFigures): number => med(memory[h].map((m) => m[k]));
+  for (const [key, label] of [
+    ['totalKiB', 'memory per running pod (1 container), KiB'],
+    ['podProcessesKiB', '  of which the pod\'s processes (PSS), KiB'],
+    ['tsboxKiB', '  of which tsbox\'s growth, KiB'],
+    ['containerdKiB', '  of which containerd\'s growth, KiB'],
+    ['processesPerPod', 'processes per pod (shim, sandbox, container…)'],
+  ] as const) {
+    rows.push([label, memMed('runc', key).toFixed(0), memMed('tsbox', key).toFixed(0), ratio(memMed('tsbox', key), memMed('runc', key))]);
+  }
+  const header = ['figure (through CRI, one run)', 'podsandbox (runc)', 'tsbox', 'tsbox/podsandbox'];
+  const table = [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');
+  const when = new Date().toISOString().slice(0, 16).replace('T', ' ');
+  process.stdout.write(
+    `\nPods through CRI, ${when} UTC: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating\n\n${table}\n`,
+  );
+  if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ when, serial, concurrent, rate, memory }, null, 2));
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`bench/pods: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  process.exitCode = 1;
+});
