@@ -37,6 +37,7 @@ export type Command =
   | { readonly kind: 'help'; readonly text: string }
   | { readonly kind: 'completion'; readonly text: string }
   | { readonly kind: 'sandbox'; readonly config: Config; readonly target: ClientTarget; readonly action: SandboxAction }
+  | { readonly kind: 'ready'; readonly config: Config; readonly timeoutSeconds: number }
   | { readonly kind: 'doctor'; readonly config: Config; readonly address: string; readonly containerdConfig: string }
   | {
       readonly kind: 'install' | 'uninstall';
@@ -251,6 +252,13 @@ export function buildProgram(done: (command: Command) => void): Program {
       }),
     );
   }
+
+  addDaemonOptions(
+    program
+      .command('ready')
+      .description("wait until tsbox serves on its socket (it binds it only after recovery); the systemd unit's readiness check")
+      .option('--timeout <seconds>', 'give up after this long (exit 5)', seconds, 60),
+  ).action((opts: Record<string, unknown>) => done({ kind: 'ready', config: configFrom(opts), timeoutSeconds: opts['timeout'] as number }));
 
   program
     .command('completion')

@@ -10,6 +10,7 @@ import { createLogger } from './log.js';
 import { runDoctor } from './ops/doctor.js';
 import { EXIT, OperatorError } from './ops/exit-codes.js';
 import { install, uninstall } from './ops/install.js';
+import { waitUntilServing } from './ops/ready.js';
 import {
   type SandboxContext,
   inspectSandbox,
@@ -85,9 +86,11 @@ async function main(argv: readonly string[]): Promise<number> {
       case 'doctor':
         return await runDoctor({ config: command.config, address: command.address, containerdConfig: command.containerdConfig, output });
       case 'install':
-        return await install({ config: command.config, root: command.root, containerdConfig: command.containerdConfig, execPath: command.execPath, output });
+        return install({ config: command.config, root: command.root, containerdConfig: command.containerdConfig, execPath: command.execPath, output });
       case 'uninstall':
-        return await uninstall({ config: command.config, root: command.root, containerdConfig: command.containerdConfig, output });
+        return uninstall({ config: command.config, root: command.root, containerdConfig: command.containerdConfig, output });
+      case 'ready':
+        return await waitUntilServing(command.config.socket, command.timeoutSeconds);
       case 'serve':
         return await serve(command.config);
     }
