@@ -119,7 +119,7 @@ function parseContainerd(path: string, text: string): Toml {
   if (version !== 3) {
     throw new OperatorError(
       EXIT.refused,
-      `${path} is a version ${typeof version === "number" ? version : JSON.stringify(version)} config; tsbox installs a version 3 drop-in, which containerd 2.x imports only into a version 3 config`,
+      `${path} is a version ${typeof version === 'number' ? version : JSON.stringify(version)} config; tsbox installs a version 3 drop-in, which containerd 2.x imports only into a version 3 config`,
       `migrate it first: containerd config migrate > ${path}.new && mv ${path}.new ${path}`,
     );
   }
