@@ -3,6 +3,8 @@ import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import type { RuntimeBackend } from './controller/types.js';
+import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js';
+import { type MetricsServer, startMetricsServer } from './metrics-server.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
@@ -59,7 +61,11 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   // Before recovery, so a second instance never touches the first one's sandboxes.
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
-  const backend = await createBackend(config, logger);
+  // Before recovery, so /healthz answers and /readyz says 503 while tsbox recovers.
+  const metrics = createMetrics();
+  let metricsServer: MetricsServer | undefined;
+  if (config.metricsAddress !== '') metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
+  const backend = instrumentBackend(await createBackend(config, logger), metrics);
   // Records: every change is group-committed to a journal (one fdatasync for all the
   // changes that arrive during the previous one) before the RPC is answered; record files
   // are written and fsynced at checkpoints, so a short-lived sandbox costs no file at all.
@@ -67,12 +73,13 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,
-    store,
+    store: instrumentStore(store, metrics),
     logger: logger.child({ component: 'controller' }),
     platform: hostPlatform(),
     stateDir: config.stateDir,
   });
   const summary = await controller.recover(config.recoveryConcurrency);
+  metrics.recoveryDone(summary);
   logger.info(summary, 'recovery done');
   const server = createServer({ controller, logger, socketPath: config.socket, socketMode: config.socketMode });
   try {
@@ -80,13 +87,17 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   } catch (err) {
     controller.close();
     await store.close();
+    await metricsServer?.close();
     throw err;
   }
+  metrics.setReady(true);
   return {
     async stop() {
+      metrics.setReady(false);
       await server.close(config.shutdownDrainMs);
       controller.close();
       await store.close();
+      await metricsServer?.close();
       logger.info('tsbox stopped; sandboxes keep running');
     },
   };
