@@ -46,6 +46,13 @@ if ! have_containerd2; then
 fi
 log "$(containerd --version)"
 
+# The install tests check tsbox's systemd unit with systemd-analyze verify.
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  need_update
+  log "installing systemd (for systemd-analyze)"
+  apt-get install -y -qq --no-install-recommends systemd >/dev/null
+fi
+
 protos="$cache/debian-protos"
 if [ ! -f "$protos/.complete" ]; then
   need_update

@@ -25,6 +25,8 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     socketMode: 0o660,
     stateDir: root ? '/var/lib/tsbox' : join(stateHome, 'tsbox'),
     logLevel: 'info',
+    logFormat: 'auto',
+    metricsAddress: '',
     backend: 'process',
     shimPath: join(packageRoot, 'dist', 'bin', 'tsbox-shim'),
     namespaces: root,
@@ -49,6 +51,19 @@ const mode = z.preprocess(
   (v) => (typeof v === 'string' && /^0?[0-7]{3}$/.test(v) ? parseInt(v, 8) : v),
   z.number({ error: 'must be an octal mode such as "0660"' }).int().min(0).max(0o777),
 );
+/** A metrics listen address: `HOST:PORT` (IPv6 in brackets) or an absolute socket path. */
+export type ListenAddress = { readonly kind: 'tcp'; readonly host: string; readonly port: number } | { readonly kind: 'unix'; readonly path: string };
+
+/** Parses a metrics listen address; undefined when it is not one. */
+export function parseListenAddress(address: string): ListenAddress | undefined {
+  if (isAbsolute(address)) return { kind: 'unix', path: address };
+  const match = /^(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+)):(\d{1,5})$/.exec(address);
+  if (match === null) return undefined;
+  const port = Number(match[3]);
+  if (port < 1 || port > 65535) return undefined;
+  return { kind: 'tcp', host: match[1] ?? match[2] ?? '', port };
+}
+
 const intFlag = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 const boolFlag = z.union([z.boolean(), z.enum(['true', 'false']).transform((s) => s === 'true')]);
 
@@ -62,6 +77,15 @@ const schema = z
     /** Where records, supervisor files and quarantined records live. */
     stateDir: absolutePath,
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    /** `json` lines for journald and collectors, `pretty` for people, `auto`: pretty on a terminal. */
+    logFormat: z.enum(['auto', 'json', 'pretty']),
+    /**
+     * Where /metrics, /healthz and /readyz are served: `HOST:PORT` (a loopback address such as
+     * 127.0.0.1:9464), or an absolute unix socket path; empty turns the endpoint off.
+     */
+    metricsAddress: z
+      .string()
+      .refine((a) => a === '' || parseListenAddress(a) !== undefined, 'must be HOST:PORT (e.g. 127.0.0.1:9464), an absolute unix socket path, or empty'),
     /** `process` runs real sandboxes; `noop` runs nothing and exists for benchmarks only. */
     backend: z.enum(['process', 'noop']),
     /** The per-sandbox supervisor binary. */

@@ -4,6 +4,8 @@ import type { Config } from './config.js';
 import { messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import type { RuntimeBackend } from './controller/types.js';
+import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js';
+import { type MetricsServer, startMetricsServer } from './metrics-server.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { findShimBinary, sandboxerHandlers, shimBinaryName } from './runtime/cri-handlers.js';
@@ -95,19 +97,24 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   if (config.backend === 'process') checkContainerShims(config, logger);
-  const backend = await createBackend(config, logger);
+  // Before recovery, so /healthz answers and /readyz says 503 while tsbox recovers.
+  const metrics = createMetrics();
+  let metricsServer: MetricsServer | undefined;
+  if (config.metricsAddress !== '') metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
+  const backend = instrumentBackend(await createBackend(config, logger), metrics);
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.
   const store = new FileRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,
-    store,
+    store: instrumentStore(store, metrics),
     logger: logger.child({ component: 'controller' }),
     platform: hostPlatform(),
     stateDir: config.stateDir,
   });
   const summary = await controller.recover(config.recoveryConcurrency);
+  metrics.recoveryDone(summary);
   logger.info(summary, 'recovery done');
   const server = createServer({ controller, logger, socketPath: config.socket, socketMode: config.socketMode });
   try {
@@ -115,13 +122,17 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   } catch (err) {
     controller.close();
     await store.close();
+    await metricsServer?.close();
     throw err;
   }
+  metrics.setReady(true);
   return {
     async stop() {
+      metrics.setReady(false);
       await server.close(config.shutdownDrainMs);
       controller.close();
       await store.close();
+      await metricsServer?.close();
       logger.info('tsbox stopped; sandboxes keep running');
     },
   };

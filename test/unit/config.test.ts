@@ -35,7 +35,7 @@ function problemsOf(fn: () => unknown): readonly string[] {
 }
 
 function configOf(command: Command): Config {
-  assert.ok(command.kind !== 'help', 'expected a command with a config');
+  assert.ok('config' in command, `expected a command with a config, got ${command.kind}`);
   return command.config;
 }
 
@@ -281,7 +281,7 @@ describe('containerdSnippet', () => {
     assert.deepEqual({ ...toml.proxy_plugins?.tsbox }, { type: 'sandbox', address: '/run/custom dir/tsbox.sock' });
     const runtime = toml.plugins?.['io.containerd.cri.v1.runtime']?.containerd?.runtimes?.tsbox;
     assert.equal(runtime?.sandboxer, 'tsbox');
-    assert.equal(runtime?.runtime_type, 'io.containerd.runc.v2', 'a real shim runs the pod\'s containers');
+    assert.equal(runtime?.runtime_type, 'io.containerd.runc.v2', 'the shim that runs the pod\'s containers (SPEC.md section 7)');
   });
 
   test('a socket path with quotes or backslashes stays valid TOML', () => {

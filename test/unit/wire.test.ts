@@ -21,6 +21,7 @@ import {
   ControllerService,
   ControllerStatusResponse,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
+import { StoreService } from '../../src/gen/containerd/services/sandbox/v1/store.js';
 
 /** Packages whose messages we own and compare; google.protobuf comes from protobufjs itself. */
 const OUR_PACKAGES = [
@@ -262,6 +263,26 @@ function controller(root: protobuf.Root): protobuf.Service {
   return root.lookupService('containerd.services.sandbox.v1.Controller');
 }
 
+/** containerd's sandbox metadata store, which the operator CLI calls (SPEC.md section 5). */
+function store(root: protobuf.Root): protobuf.Service {
+  return root.lookupService('containerd.services.sandbox.v1.Store');
+}
+
+/** A service's methods with their request/response types and streaming flags. */
+function describeService(s: protobuf.Service): Record<string, unknown> {
+  return Object.fromEntries(
+    s.methodsArray.map((m) => [
+      m.name,
+      {
+        request: m.resolvedRequestType === null ? m.requestType : fqn(m.resolvedRequestType),
+        response: m.resolvedResponseType === null ? m.responseType : fqn(m.resolvedResponseType),
+        requestStream: m.requestStream === true,
+        responseStream: m.responseStream === true,
+      },
+    ]),
+  );
+}
+
 test('the reference definitions are present and load', () => {
   const ref = reference();
   assert.ok(controller(ref).methodsArray.length > 0);
@@ -291,29 +312,27 @@ test(`the CRI messages tsbox decodes (${CRI_PACKAGE}) match Kubernetes' api.prot
 test('Controller service: same nine unary methods with the same request and response types', () => {
   const mine = controller(ours());
   const theirs = controller(reference());
-  const describe = (s: protobuf.Service): Record<string, unknown> =>
-    Object.fromEntries(
-      s.methodsArray.map((m) => [
-        m.name,
-        {
-          request: m.resolvedRequestType === null ? m.requestType : fqn(m.resolvedRequestType),
-          response: m.resolvedResponseType === null ? m.responseType : fqn(m.resolvedResponseType),
-          requestStream: m.requestStream === true,
-          responseStream: m.responseStream === true,
-        },
-      ]),
-    );
-  assert.deepEqual(describe(mine), describe(theirs));
+  assert.deepEqual(describeService(mine), describeService(theirs));
   assert.deepEqual(
     mine.methodsArray.map((m) => m.name).sort(),
     ['Create', 'Metrics', 'Platform', 'Shutdown', 'Start', 'Status', 'Stop', 'Update', 'Wait'],
   );
 });
 
-test('we define every message the reference Controller and cgroups Metrics trees use', () => {
+test('Store service: same five unary methods with the same request and response types', () => {
+  assert.deepEqual(describeService(store(ours())), describeService(store(reference())));
+  assert.deepEqual(store(ours()).methodsArray.map((m) => m.name).sort(), ['Create', 'Delete', 'Get', 'List', 'Update']);
+  const paths = Object.values(StoreService).map((m) => m.path).sort();
+  assert.deepEqual(
+    paths,
+    store(reference()).methodsArray.map((m) => `/containerd.services.sandbox.v1.Store/${m.name}`).sort(),
+  );
+});
+
+test('we define every message the reference Controller, Store and cgroups Metrics trees use', () => {
   const ref = reference();
   const roots: protobuf.Type[] = [
-    ...controller(ref).methodsArray.flatMap((m) => {
+    ...[...controller(ref).methodsArray, ...store(ref).methodsArray].flatMap((m) => {
       const types: protobuf.Type[] = [];
       if (m.resolvedRequestType !== null) types.push(m.resolvedRequestType);
       if (m.resolvedResponseType !== null) types.push(m.resolvedResponseType);

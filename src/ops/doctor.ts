@@ -1,0 +1,344 @@
+/**
+ * `tsbox doctor`: checks that this node can run tsbox behind containerd and says, for each
+ * thing that is wrong, how to fix it. Exit 0 only when every check passes.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { connect } from 'node:net';
+import { basename, dirname, isAbsolute, join } from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { parse as parseToml } from 'smol-toml';
+import type { Config } from '../config.js';
+import { messageOf } from '../errors.js';
+import { detectCgroups } from '../runtime/cgroups.js';
+import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
+import { EXIT } from './exit-codes.js';
+import { SANDBOXER, type Output } from './sandbox-commands.js';
+
+/** What doctor looks at. */
+export interface DoctorOptions {
+  readonly config: Config;
+  /** containerd's socket. */
+  readonly address: string;
+  /** containerd's config.toml. */
+  readonly containerdConfig: string;
+  readonly output: Output;
+  /** PATH to find binaries on (default: the environment's). */
+  readonly path?: string;
+}
+
+/** One check's outcome. */
+export interface Finding {
+  readonly ok: boolean;
+  readonly what: string;
+  readonly fix?: string;
+}
+
+const pass = (what: string): Finding => ({ ok: true, what });
+const fail = (what: string, fix: string): Finding => ({ ok: false, what, fix });
+
+/** Finds a binary on PATH. */
+export function findOnPath(binary: string, path = process.env['PATH'] ?? ''): string | undefined {
+  for (const dir of path.split(':')) {
+    if (dir === '') continue;
+    const candidate = join(dir, binary);
+    try {
+      if (statSync(candidate).isFile() && (statSync(candidate).mode & 0o111) !== 0) return candidate;
+    } catch {
+      // not in this directory
+    }
+  }
+  return undefined;
+}
+
+/**
+ * The shim binary containerd runs for a runtime_type: `io.containerd.runc.v2` →
+ * `containerd-shim-runc-v2` (containerd's shim naming rule); an absolute path is itself.
+ */
+export function shimBinaryName(runtimeType: string): string {
+  if (isAbsolute(runtimeType)) return runtimeType;
+  const parts = runtimeType.split('.');
+  const version = parts.pop() ?? '';
+  const name = parts.pop() ?? '';
+  return `containerd-shim-${name}-${version}`;
+}
+
+/** Parses `containerd --version`: "containerd github.com/containerd/containerd/v2 2.1.9+ds1" → [2, 1, 9]. */
+export function parseContainerdVersion(text: string): [number, number, number] | undefined {
+  const match = /\bv?(\d+)\.(\d+)\.(\d+)/.exec(text.split(/\s+/).slice(2).join(' ') || text);
+  if (match === null) return undefined;
+  return [Number(match[1]), Number(match[2]), Number(match[3])];
+}
+
+type Toml = Record<string, unknown>;
+const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Toml) : undefined);
+
+/** A containerd config with its imports, as containerd reads them. */
+export interface ContainerdConfigFiles {
+  /** Each file with its parsed content, the main file first. */
+  readonly files: readonly { readonly path: string; readonly toml: Toml }[];
+  readonly version: number;
+}
+
+/** Expands one `imports` entry: a path, or a glob with `*` in its last component. */
+function expandImport(entry: string, base: string): string[] {
+  const full = isAbsolute(entry) ? entry : join(base, entry);
+  if (!basename(full).includes('*')) return existsSync(full) ? [full] : [];
+  const dir = dirname(full);
+  const pattern = new RegExp(`^${basename(full).replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*')}$`);
+  try {
+    return readdirSync(dir).filter((f) => pattern.test(f)).sort().map((f) => join(dir, f));
+  } catch {
+    // no such directory: the glob matches nothing, as containerd treats it
+    return [];
+  }
+}
+
+/** Reads containerd's config and, recursively, the files its `imports` name. Throws on bad TOML. */
+export function readContainerdConfig(path: string): ContainerdConfigFiles {
+  const files: { path: string; toml: Toml }[] = [];
+  const seen = new Set<string>();
+  const visit = (file: string): void => {
+    if (seen.has(file)) return;
+    seen.add(file);
+    let toml: Toml;
+    try {
+      toml = parseToml(readFileSync(file, 'utf8'));
+    } catch (err) {
+      throw new Error(`${file} is not valid TOML: ${messageOf(err).split('\n')[0]}`);
+    }
+    files.push({ path: file, toml });
+    const imports = toml['imports'];
+    if (Array.isArray(imports)) {
+      for (const entry of imports) if (typeof entry === 'string') for (const f of expandImport(entry, dirname(file))) visit(f);
+    }
+  };
+  visit(path);
+  const version = files[0]?.toml['version'];
+  return { files, version: typeof version === 'number' ? version : 1 };
+}
+
+/** The CRI runtimes tables of a config (version 3 and version 2 keys). */
+function criRuntimes(toml: Toml): Toml[] {
+  const plugins = table(toml['plugins']);
+  const out: Toml[] = [];
+  for (const key of ['io.containerd.cri.v1.runtime', 'io.containerd.grpc.v1.cri']) {
+    const runtimes = table(table(table(plugins?.[key])?.['containerd'])?.['runtimes']);
+    if (runtimes !== undefined) out.push(runtimes);
+  }
+  return out;
+}
+
+/** Checks of containerd's config: the proxy plugin and the CRI handler. */
+export function checkContainerdConfig(path: string, config: Config, binPath?: string): Finding[] {
+  if (!existsSync(path)) {
+    return [fail(`containerd config ${path} does not exist`, `run "tsbox install" (it creates one that imports tsbox's drop-in), or pass --containerd-config`)];
+  }
+  let parsed: ContainerdConfigFiles;
+  try {
+    parsed = readContainerdConfig(path);
+  } catch (err) {
+    return [fail(messageOf(err), 'fix the TOML syntax; "containerd config dump" shows what containerd reads')];
+  }
+  const findings: Finding[] = [];
+  if (parsed.version < 2) findings.push(fail(`${path} is a version ${parsed.version} config: containerd 2.x needs version 2 or 3`, 'migrate it: containerd config migrate > config.toml'));
+  const proxies = parsed.files.flatMap((f) => {
+    const p = table(table(f.toml['proxy_plugins'])?.[SANDBOXER]);
+    return p === undefined ? [] : [{ file: f.path, plugin: p }];
+  });
+  const proxy = proxies[proxies.length - 1];
+  if (proxy === undefined) {
+    findings.push(fail(`no [proxy_plugins.${SANDBOXER}] in ${parsed.files.map((f) => f.path).join(', ')}`, `"tsbox install" adds it (or paste "tsbox config containerd"), then restart containerd`));
+  } else if (proxy.plugin['type'] !== 'sandbox') {
+    findings.push(fail(`[proxy_plugins.${SANDBOXER}] in ${proxy.file} has type ${JSON.stringify(proxy.plugin['type'])}, not "sandbox"`, 'set type = "sandbox" and restart containerd'));
+  } else if (proxy.plugin['address'] !== config.socket) {
+    findings.push(
+      fail(
+        `[proxy_plugins.${SANDBOXER}] in ${proxy.file} points at ${JSON.stringify(proxy.plugin['address'])}, but tsbox serves ${config.socket}`,
+        `set address = ${JSON.stringify(config.socket)} (or start tsbox with --socket ${String(proxy.plugin['address'])}) and restart containerd`,
+      ),
+    );
+  } else {
+    findings.push(pass(`tsbox is registered as sandbox proxy plugin "${SANDBOXER}" at ${config.socket} (${proxy.file})`));
+  }
+
+  const handlers = parsed.files.flatMap((f) =>
+    criRuntimes(f.toml).flatMap((runtimes) =>
+      Object.entries(runtimes).flatMap(([name, value]) => {
+        const t = table(value);
+        return t?.['sandboxer'] === SANDBOXER ? [{ name, file: f.path, runtimeType: t['runtime_type'] }] : [];
+      }),
+    ),
+  );
+  if (handlers.length === 0) {
+    findings.push(fail(`no CRI runtime handler with sandboxer = "${SANDBOXER}"`, `"tsbox install" adds [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]; Kubernetes pods need it`));
+  }
+  for (const h of handlers) {
+    if (typeof h.runtimeType !== 'string' || h.runtimeType === '') {
+      findings.push(fail(`CRI runtime handler "${h.name}" (${h.file}) has no runtime_type`, 'set runtime_type = "io.containerd.runc.v2"'));
+      continue;
+    }
+    const shim = shimBinaryName(h.runtimeType);
+    const found = isAbsolute(shim) ? (existsSync(shim) ? shim : undefined) : findOnPath(shim, binPath);
+    if (found === undefined) {
+      findings.push(
+        fail(
+          `CRI runtime handler "${h.name}": runtime_type ${h.runtimeType} needs shim binary ${shim}, which is not on PATH`,
+          `set runtime_type = "io.containerd.runc.v2" (the shim that runs the pod's containers) and install containerd's runc shim (Debian: containerd)`,
+        ),
+      );
+    } else {
+      findings.push(pass(`CRI runtime handler "${h.name}" runs on tsbox; its containers use ${found}`));
+    }
+  }
+  return findings;
+}
+
+/** containerd's version from its binary, and whether it answers on its socket. */
+async function checkContainerd(address: string, binPath?: string): Promise<Finding[]> {
+  const findings: Finding[] = [];
+  const binary = findOnPath('containerd', binPath);
+  if (binary === undefined) {
+    findings.push(fail('containerd is not on PATH', 'install containerd ≥ 2.0 (Debian: apt-get install containerd from a suite that has 2.x)'));
+  } else {
+    let text = '';
+    try {
+      text = execFileSync(binary, ['--version'], { encoding: 'utf8', timeout: 10_000 });
+    } catch (err) {
+      findings.push(fail(`${binary} --version failed: ${messageOf(err)}`, 'reinstall containerd'));
+    }
+    const version = parseContainerdVersion(text);
+    if (text !== '' && version === undefined) findings.push(fail(`cannot read containerd's version from "${text.trim()}"`, 'install containerd ≥ 2.0'));
+    else if (version !== undefined && version[0] < 2) {
+      findings.push(fail(`containerd ${version.join('.')} is too old: tsbox needs ≥ 2.0 (1.x has no sandbox proxy plugins)`, 'install containerd 2.x'));
+    } else if (version !== undefined) findings.push(pass(`containerd ${version.join('.')} (≥ 2.0)`));
+  }
+  if (!socketExists(address)) {
+    findings.push(fail(`containerd is not running at ${address} (no socket)`, 'systemctl start containerd, or pass --address'));
+    return findings;
+  }
+  // One call through containerd to tsbox: proves the running containerd has the plugin and reaches tsbox.
+  const client = connectContainerd(address, 'default');
+  try {
+    await client.call('controller', 'Status', { sandboxId: 'tsbox-doctor-probe', sandboxer: SANDBOXER, verbose: false }, { timeoutMs: 5_000 });
+    findings.push(pass(`containerd at ${address} reaches tsbox`));
+  } catch (err) {
+    if (err instanceof ContainerdCallError && err.code === grpc.status.NOT_FOUND && !/sandbox controller/.test(err.details)) {
+      findings.push(pass(`containerd at ${address} reaches tsbox`));
+    } else if (err instanceof ContainerdCallError && err.code === grpc.status.NOT_FOUND) {
+      findings.push(fail(`the running containerd at ${address} has no sandboxer "${SANDBOXER}" (${err.details})`, 'register tsbox in its config ("tsbox install") and restart containerd'));
+    } else if (err instanceof ContainerdCallError && err.code === grpc.status.UNAVAILABLE && err.target === 'controller' && /dial/.test(err.details)) {
+      findings.push(fail(`containerd at ${address} cannot reach tsbox: ${err.details}`, 'start tsbox (systemctl start tsbox) on the socket containerd\'s [proxy_plugins.tsbox] names'));
+    } else {
+      findings.push(fail(`containerd at ${address} does not answer: ${messageOf(err)}`, 'systemctl status containerd; journalctl -u containerd'));
+    }
+  } finally {
+    client.close();
+  }
+  return findings;
+}
+
+/** cgroup version and the controllers tsbox uses (memory, cpu, pids). */
+export function checkCgroups(_config: Config): Finding[] {
+  let mounts: string[][];
+  try {
+    mounts = readFileSync('/proc/self/mounts', 'utf8').split('\n').filter(Boolean).map((l) => l.split(' '));
+  } catch (err) {
+    return [fail(`cannot read /proc/self/mounts: ${messageOf(err)}`, 'mount /proc')];
+  }
+  const v1 = new Set(mounts.filter((m) => m[2] === 'cgroup').flatMap((m) => (m[3] ?? '').split(',')));
+  const v2 = mounts.find((m) => m[2] === 'cgroup2' && existsSync(join(m[1] ?? '', 'cgroup.controllers')));
+  const v2Controllers = v2 === undefined ? [] : readFileSync(join(v2[1] ?? '', 'cgroup.controllers'), 'utf8').trim().split(/\s+/);
+  const wanted = ['memory', 'cpu', 'pids'];
+  let description: string;
+  let missing: string[];
+  if (v1.has('memory')) {
+    description = `cgroup v1${v2 === undefined ? '' : ' (hybrid, cgroup2 at ' + String(v2[1]) + ')'}, controllers ${[...v1].filter((c) => ['memory', 'cpu', 'cpuacct', 'pids', 'cpuset', 'blkio'].includes(c)).join(', ')}`;
+    missing = [...wanted, 'cpuacct'].filter((c) => !v1.has(c));
+  } else if (v2 !== undefined) {
+    description = `cgroup v2 at ${String(v2[1])}, controllers ${v2Controllers.join(', ')}`;
+    missing = wanted.filter((c) => !v2Controllers.includes(c));
+  } else {
+    return [fail('no cgroup file system is mounted', 'mount cgroup2 at /sys/fs/cgroup (systemd does this at boot)')];
+  }
+  const findings: Finding[] = [];
+  if (missing.length > 0) findings.push(fail(`${description}: missing ${missing.join(', ')}`, 'enable them (kernel command line, or cgroup.subtree_control of the parent)'));
+  const { manager, reason } = detectCgroups();
+  if (manager === undefined) findings.push(fail(`tsbox cannot use cgroups: ${reason ?? 'unknown'}; Metrics and pod stats will fail`, 'run tsbox as root on a host with the memory and cpu controllers'));
+  else if (missing.length === 0) findings.push(pass(description));
+  return findings;
+}
+
+function checkRunc(binPath?: string): Finding {
+  const runc = findOnPath('runc', binPath);
+  if (runc === undefined) return fail("runc is not on PATH: containerd's runc shim cannot run a pod's containers", 'apt-get install runc');
+  try {
+    const version = execFileSync(runc, ['--version'], { encoding: 'utf8', timeout: 10_000 }).split('\n')[0] ?? '';
+    return pass(`${runc}: ${version}`);
+  } catch (err) {
+    return fail(`${runc} --version failed: ${messageOf(err)}`, 'reinstall runc');
+  }
+}
+
+function socketAnswers(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = connect(path);
+    const t = setTimeout(() => done(false), 2_000);
+    function done(answered: boolean): void {
+      clearTimeout(t);
+      s.destroy();
+      resolve(answered);
+    }
+    s.once('connect', () => done(true));
+    s.once('error', () => done(false));
+  });
+}
+
+/** tsbox's socket (a socket, its mode, someone answering) and its state dir. */
+async function checkTsboxFiles(config: Config): Promise<Finding[]> {
+  const findings: Finding[] = [];
+  const mode = (m: number): string => (m & 0o777).toString(8).padStart(4, '0');
+  let socketOk = false;
+  try {
+    const st = statSync(config.socket);
+    if (!st.isSocket()) findings.push(fail(`${config.socket} is not a socket`, 'remove it; tsbox creates its socket when it starts'));
+    else if ((st.mode & 0o777) !== config.socketMode) {
+      findings.push(fail(`socket ${config.socket} has mode ${mode(st.mode)}, the config says ${mode(config.socketMode)}`, 'restart tsbox (it sets the mode), or set socket_mode'));
+    } else if ((st.mode & 0o002) !== 0) findings.push(fail(`socket ${config.socket} is writable by everyone: anyone could drive sandboxes`, 'set socket_mode = "0660"'));
+    else socketOk = true;
+  } catch {
+    // stat failed: there is no socket (the finding says so)
+    findings.push(fail(`tsbox's socket ${config.socket} does not exist: tsbox is not running`, 'systemctl start tsbox (or tsbox serve)'));
+  }
+  if (socketOk) {
+    if (await socketAnswers(config.socket)) findings.push(pass(`tsbox answers on ${config.socket} (mode ${mode(config.socketMode)})`));
+    else findings.push(fail(`nothing answers on ${config.socket}: a stale socket, tsbox is not running`, 'systemctl restart tsbox'));
+  }
+  try {
+    const st = statSync(config.stateDir);
+    if (!st.isDirectory()) findings.push(fail(`state dir ${config.stateDir} is not a directory`, 'move it away; tsbox creates its state dir'));
+    else if ((st.mode & 0o022) !== 0) findings.push(fail(`state dir ${config.stateDir} has mode ${mode(st.mode)}: others can change sandbox records`, `chmod 0700 ${config.stateDir}`));
+    else if (process.getuid?.() === 0 && st.uid !== 0) findings.push(fail(`state dir ${config.stateDir} is owned by uid ${st.uid}, not root`, `chown root: ${config.stateDir}`));
+    else findings.push(pass(`state dir ${config.stateDir} (mode ${mode(st.mode)})`));
+  } catch {
+    // stat failed: there is no state dir (the finding says so)
+    findings.push(fail(`state dir ${config.stateDir} does not exist`, 'start tsbox once (it creates it), or check state_dir'));
+  }
+  return findings;
+}
+
+/** Runs every check; prints one line per check and a fix under each problem. */
+export async function runDoctor(options: DoctorOptions): Promise<number> {
+  const { config, output } = options;
+  const findings = [
+    ...(await checkContainerd(options.address, options.path)),
+    ...checkContainerdConfig(options.containerdConfig, config, options.path),
+    ...checkCgroups(config),
+    checkRunc(options.path),
+    ...(await checkTsboxFiles(config)),
+  ];
+  for (const f of findings) output.out(f.ok ? `ok    ${f.what}\n` : `FAIL  ${f.what}\n      fix: ${f.fix ?? ''}\n`);
+  const problems = findings.filter((f) => !f.ok).length;
+  output.out(problems === 0 ? 'tsbox doctor: everything is in order\n' : `tsbox doctor: ${problems} problem${problems === 1 ? '' : 's'}\n`);
+  return problems === 0 ? EXIT.ok : EXIT.unhealthy;
+}

@@ -1,0 +1,137 @@
+/**
+ * `tsbox doctor` on the end-to-end setup (a real containerd 2.x with tsbox registered and a
+ * CRI handler whose containers run under the runc shim): it passes, and when one part is
+ * taken away it fails with exit 10, naming that part and its fix.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { type CommandResult, type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
+import { type SandboxerDaemon, makeTempDir, removeTree, startSandboxerDaemon, tsboxMain, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
+import { spawn } from 'node:child_process';
+import { EXIT } from '../../src/ops/exit-codes.js';
+
+function run(args: readonly string[], env: NodeJS.ProcessEnv = process.env): Promise<CommandResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [tsboxMain, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000, killSignal: 'SIGKILL' });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.once('error', reject);
+    child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
+  });
+}
+
+describe('tsbox doctor', () => {
+  let sandboxer: SandboxerDaemon | undefined;
+  let containerd: Containerd | undefined;
+  let scratch = '';
+
+  function doctor(extra: { containerdConfig?: string; env?: NodeJS.ProcessEnv } = {}): Promise<CommandResult> {
+    const d = containerd;
+    const s = sandboxer;
+    if (d === undefined || s === undefined) throw new Error('not started');
+    return run(
+      ['doctor', '--address', d.address, '--containerd-config', extra.containerdConfig ?? d.paths.configPath, '--socket', s.socketPath, '--state-dir', s.stateDir],
+      extra.env,
+    );
+  }
+
+  function expectProblem(r: CommandResult, problem: RegExp, fix: RegExp): void {
+    assert.equal(r.code, EXIT.unhealthy, `doctor should fail\n${r.stdout}${r.stderr}`);
+    const line = r.stdout.split('\n').findIndex((l) => l.startsWith('FAIL') && problem.test(l));
+    assert.ok(line >= 0, `a FAIL line matching ${String(problem)}\n${r.stdout}`);
+    assert.match(r.stdout.split('\n')[line + 1] ?? '', fix);
+  }
+
+  /** A copy of the test containerd's config, changed by `edit`. */
+  function configVariant(name: string, edit: (text: string) => string): string {
+    const d = containerd;
+    if (d === undefined) throw new Error('not started');
+    const file = path.join(scratch, name);
+    writeFileSync(file, edit(readFileSync(d.paths.configPath, 'utf8')));
+    return file;
+  }
+
+  before(async () => {
+    const missing = containerdUnavailableReason();
+    if (missing !== undefined) throw new Error(missing);
+    scratch = await makeTempDir('doctor-');
+    sandboxer = await startSandboxerDaemon(tsboxSandboxer());
+    // As `tsbox install` registers it: the pod's containers run under containerd's runc shim.
+    containerd = await startContainerd({ sandboxerSocket: sandboxer.socketPath, runtimeType: 'io.containerd.runc.v2' });
+  });
+
+  after(async () => {
+    await containerd?.teardown();
+    await sandboxer?.teardown();
+    if (scratch !== '') await removeTree(scratch);
+  });
+
+  test('passes on the test setup', async () => {
+    const r = await doctor();
+    assert.equal(r.code, 0, `${r.stdout}${r.stderr}`);
+    assert.doesNotMatch(r.stdout, /^FAIL/m);
+    for (const ok of [/containerd 2\.\d+\.\d+ \(≥ 2\.0\)/, /registered as sandbox proxy plugin "tsbox"/, /CRI runtime handler "tsbox" runs on tsbox; its containers use .*containerd-shim-runc-v2/, /cgroup v[12]/, /runc/, /reaches tsbox/, /tsbox answers on/, /state dir/]) {
+      assert.match(r.stdout, new RegExp(`^ok .*${ok.source}`, 'm'));
+    }
+  });
+
+  test('follows the imports of containerd\'s config', async () => {
+    const d = containerd;
+    assert.ok(d !== undefined);
+    const text = readFileSync(d.paths.configPath, 'utf8');
+    const at = text.indexOf('# The sandboxer');
+    mkdirSync(path.join(scratch, 'conf.d'), { recursive: true });
+    writeFileSync(path.join(scratch, 'conf.d', '50-tsbox.toml'), `version = 3\n${text.slice(at)}`);
+    const main = path.join(scratch, 'imports.toml');
+    writeFileSync(main, `imports = ["conf.d/*.toml"]\n${text.slice(0, at)}`);
+    const r = await doctor({ containerdConfig: main });
+    assert.equal(r.code, 0, r.stdout);
+    assert.match(r.stdout, /registered as sandbox proxy plugin "tsbox" .*conf\.d\/50-tsbox\.toml/);
+  });
+
+  test('fails naming the missing proxy plugin', async () => {
+    const file = configVariant('no-proxy.toml', (t) => t.replace(/\[proxy_plugins\.tsbox\][^[]*/, ''));
+    expectProblem(await doctor({ containerdConfig: file }), /no \[proxy_plugins\.tsbox\]/, /fix: .*tsbox install/);
+  });
+
+  test('fails naming a proxy plugin at another socket', async () => {
+    const file = configVariant('wrong-socket.toml', (t) => t.replace(/(\[proxy_plugins\.tsbox\][^[]*address = )"[^"]*"/, '$1"/run/elsewhere.sock"'));
+    expectProblem(await doctor({ containerdConfig: file }), /points at "\/run\/elsewhere\.sock", but tsbox serves/, /fix: set address/);
+  });
+
+  test('fails naming a runtime_type whose shim is not installed', async () => {
+    const file = configVariant('bad-shim.toml', (t) => t.replace('io.containerd.runc.v2', 'io.containerd.nosuch.v1'));
+    expectProblem(await doctor({ containerdConfig: file }), /needs shim binary containerd-shim-nosuch-v1, which is not on PATH/, /fix: set runtime_type = "io\.containerd\.runc\.v2"/);
+  });
+
+  test('fails naming a missing CRI handler and a config that is not TOML', async () => {
+    const noHandler = configVariant('no-handler.toml', (t) => t.replace(/\[plugins\.'io\.containerd\.cri\.v1\.runtime'\.containerd\.runtimes\.tsbox\][^[]*/, ''));
+    expectProblem(await doctor({ containerdConfig: noHandler }), /no CRI runtime handler with sandboxer = "tsbox"/, /fix: /);
+    const broken = configVariant('broken.toml', (t) => `${t}\n[[[nonsense\n`);
+    expectProblem(await doctor({ containerdConfig: broken }), /is not valid TOML/, /fix: /);
+  });
+
+  test('fails naming runc when it is not on PATH', async () => {
+    const bin = path.join(scratch, 'bin');
+    mkdirSync(bin, { recursive: true });
+    for (const b of ['containerd', 'containerd-shim-runc-v2']) symlinkSync(which(b) ?? b, path.join(bin, b));
+    expectProblem(await doctor({ env: { ...process.env, PATH: bin } }), /runc is not on PATH/, /fix: apt-get install runc/);
+  });
+
+  test('fails naming the socket when tsbox is not running', async () => {
+    const s = sandboxer;
+    assert.ok(s !== undefined);
+    await s.stop();
+    try {
+      const r = await doctor();
+      expectProblem(r, /tsbox's socket .* does not exist: tsbox is not running/, /fix: systemctl start tsbox/);
+      expectProblem(r, /containerd at .* cannot reach tsbox/, /fix: start tsbox/);
+    } finally {
+      await s.start();
+    }
+  });
+});

@@ -1,0 +1,96 @@
+/**
+ * The release artifact: built by scripts/release.mjs (what `npm run release` runs after the
+ * build), unpacked into a fresh directory outside the repository, and run from there with
+ * a PATH that holds no Node: its own Node serves behind a real containerd, and its CLI
+ * creates and removes a sandbox through containerd.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync, readlinkSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+import { repoRoot } from '../support/containerd-clients.js';
+import { type CommandResult, type Containerd, containerdUnavailableReason, runCommand, startContainerd } from '../support/containerd.js';
+import { type SandboxerDaemon, makeTempDir, processAlive, removeTree, startSandboxerDaemon } from '../support/tsbox-daemon.js';
+
+describe('the release artifact, unpacked on a fresh directory', () => {
+  let dir = '';
+  let home = '';
+  let sandboxer: SandboxerDaemon | undefined;
+  let containerd: Containerd | undefined;
+  /** No Node on it: the artifact must bring its own. */
+  const env = { PATH: '/usr/local/sbin:/usr/sbin:/sbin:/bin' };
+
+  function tsbox(args: readonly string[]): Promise<CommandResult> {
+    return runCommand('/usr/bin/env', ['-i', `PATH=${env.PATH}`, path.join(home, 'bin', 'tsbox'), ...args], 60_000);
+  }
+
+  before(async () => {
+    const missing = containerdUnavailableReason();
+    if (missing !== undefined) throw new Error(missing);
+    dir = await makeTempDir('release-');
+    const built = await runCommand(process.execPath, [path.join(repoRoot, 'scripts', 'release.mjs'), '--out', path.join(dir, 'out')], 300_000);
+    assert.equal(built.code, 0, built.stderr);
+    const tarball = readdirSync(path.join(dir, 'out')).find((f) => f.endsWith('.tar.gz'));
+    assert.ok(tarball !== undefined, built.stdout);
+    const unpacked = await runCommand('tar', ['-C', dir, '-xzf', path.join(dir, 'out', tarball)], 120_000);
+    assert.equal(unpacked.code, 0, unpacked.stderr);
+    home = path.join(dir, tarball.replace(/-linux-[a-z0-9]+\.tar\.gz$/, ''));
+    sandboxer = await startSandboxerDaemon({
+      name: 'tsbox-release',
+      runsProcesses: true,
+      stopExitStatus: 137,
+      command: ({ socketPath, stateDir }) => ({
+        file: '/usr/bin/env',
+        args: ['-i', `PATH=${env.PATH}`, path.join(home, 'bin', 'tsbox'), 'serve', '--socket', socketPath, '--state-dir', stateDir],
+      }),
+    });
+    containerd = await startContainerd({ sandboxerSocket: sandboxer.socketPath });
+  });
+
+  after(async () => {
+    await containerd?.teardown();
+    await sandboxer?.teardown();
+    if (dir !== '') await removeTree(dir);
+  });
+
+  test('holds the program, the supervisor, production modules only, and its own Node', () => {
+    for (const f of ['bin/tsbox', 'bin/node', 'dist/src/main.js', 'dist/bin/tsbox-shim', 'node_modules/@grpc/grpc-js/package.json', 'node_modules/commander/package.json', 'VERSION']) {
+      assert.ok(existsSync(path.join(home, f)), f);
+    }
+    for (const dev of ['typescript', 'eslint', 'ts-proto', '@bufbuild/buf']) assert.ok(!existsSync(path.join(home, 'node_modules', dev)), `no dev dependency ${dev}`);
+    assert.ok(!existsSync(path.join(home, 'dist', 'test')), 'no tests');
+    assert.match(readFileSync(path.join(home, 'VERSION'), 'utf8'), new RegExp(`node ${process.version.replace(/\./g, '\\.')}`));
+  });
+
+  test('serves behind containerd with its own Node; its CLI creates and removes a sandbox', async () => {
+    const d = containerd;
+    const s = sandboxer;
+    assert.ok(d !== undefined && s !== undefined && s.pid !== undefined);
+    // The daemon is the artifact's Node (env execs the launcher, which execs node).
+    assert.equal(readlinkSync(`/proc/${s.pid}/exe`), path.join(home, 'bin', 'node'));
+
+    const run = await tsbox(['sandbox', 'run', '--address', d.address, '-n', 'release', '--id', 'smoke']);
+    assert.equal(run.code, 0, `${run.stdout}${run.stderr}`);
+    const ls = await tsbox(['sandbox', 'ls', '--address', d.address, '-n', 'release', '--json']);
+    assert.equal(ls.code, 0, ls.stderr);
+    const [row] = JSON.parse(ls.stdout) as { id: string; state: string; pid: number }[];
+    assert.equal(row?.id, 'smoke');
+    assert.equal(row.state, 'SANDBOX_READY');
+    assert.ok(processAlive(row.pid));
+    const ctr = await d.ctr(['sandboxes', 'ls'], { namespace: 'release' });
+    assert.match(ctr.stdout, /^smoke\s/m);
+
+    const rm = await tsbox(['sandbox', 'rm', '--address', d.address, '-n', 'release', 'smoke']);
+    assert.equal(rm.code, 0, rm.stderr);
+    assert.ok(!processAlive(row.pid), 'rm stopped it');
+    assert.doesNotMatch((await d.ctr(['sandboxes', 'ls'], { namespace: 'release' })).stdout, /smoke/);
+  });
+
+  test('its install writes a unit that runs the artifact\'s launcher', async () => {
+    const root = path.join(dir, 'root');
+    const r = await tsbox(['install', '--root', root]);
+    assert.equal(r.code, 0, r.stderr);
+    const unit = readFileSync(path.join(root, 'etc/systemd/system/tsbox.service'), 'utf8');
+    assert.ok(unit.includes(`ExecStart=${path.join(home, 'bin', 'tsbox')} serve `), unit);
+  });
+});
