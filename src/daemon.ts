@@ -82,6 +82,8 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
     await store.close();
     throw err;
   }
+  // Recovery is done and the socket is bound: the health service says SERVING from now on.
+  server.setServing(true);
   return {
     async stop() {
       await server.close(config.shutdownDrainMs);
