@@ -13,23 +13,26 @@ export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 /**
  * Streams open at once on one connection (advertised as SETTINGS_MAX_CONCURRENT_STREAMS).
- * containerd holds one Wait per running pod on its one connection, and a grpc-go client
- * queues calls beyond the limit, so it must stay far above a node's pod count (kubelet's
- * default is 110 pods, large nodes run a few hundred) plus the calls in flight.
+ * containerd holds one Wait per running pod on its one connection (more when several clients
+ * watch a sandbox), and a grpc-go client queues calls beyond the limit: if pending Waits took
+ * every slot, the Stop that would end them could never be sent. So the limit is far above
+ * any node's pod count (kubelet's default is 110, large nodes run a few hundred) times a few
+ * watchers, and equal to the bound over all connections: containerd's may use it all.
  */
-export const MAX_STREAMS_PER_CONNECTION = 2048;
+export const MAX_STREAMS_PER_CONNECTION = 16_384;
 
 /**
- * Streams open at once over all connections. A stream held open costs memory (its header
- * block, grpc-js's call), so the per-connection bound times the connection bound is too much;
- * above this, new streams are refused (REFUSED_STREAM, which grpc-go retries).
+ * Streams open at once over all connections; above this, new streams are refused
+ * (REFUSED_STREAM, which grpc-go retries). A stream held open costs memory: a pending Wait
+ * about 2 KiB, a stream held by a hostile peer with a full header block about 10 KiB, so
+ * this bounds what held streams can cost to about 160 MiB.
  */
-export const MAX_OPEN_STREAMS = 8192;
+export const MAX_OPEN_STREAMS = 16_384;
 
 /**
  * Largest header block accepted, decoded (SETTINGS_MAX_HEADER_LIST_SIZE). containerd's
  * metadata is a few hundred bytes; 8 KiB is gRPC's own default (C core, Java). Together with
- * MAX_OPEN_STREAMS it bounds what held header blocks can cost (64 MiB).
+ * MAX_OPEN_STREAMS it bounds what held header blocks can cost (128 MiB).
  */
 export const MAX_HEADER_LIST_BYTES = 8 * 1024;
 
@@ -64,15 +67,18 @@ export const MAX_SESSION_MEMORY_MB = 32;
 export const MAX_CONNECTION_IDLE_MS = 2 * 60_000;
 
 /**
- * Keepalive: the server PINGs a connection quiet for this long, and closes it when no PING
- * ACK comes within KEEPALIVE_TIMEOUT_MS. The kernel tells when a peer on a unix socket goes
- * away, so this only finds peers that are there and stopped reading (a frozen process, a
- * client that never reads): they are dropped within 80 s, with whatever was queued for them.
+ * Keepalive: the server PINGs every connection every KEEPALIVE_TIME_MS and closes one that
+ * sends no PING ACK within KEEPALIVE_TIMEOUT_MS. The kernel tells when a peer on a unix socket
+ * goes away, but not when it is there and stopped reading (a frozen process, a client that
+ * never reads). And node leaves a connection it ended with a protocol error (e.g. GOAWAY
+ * FRAME_SIZE_ERROR) open without reading it, so even the peer's close goes unseen: the
+ * unanswered PING is what frees its descriptor. So each such connection lasts at most 20 s.
+ * containerd's grpc-go transport answers PINGs at once; one PING per 10 s costs nothing.
  * Client PINGs need no permit policy here: node answers them, and nghttp2 closes a connection
  * that lets more than 1 000 unread answers (PING or SETTINGS ACKs) pile up.
  */
-export const KEEPALIVE_TIME_MS = 60_000;
-export const KEEPALIVE_TIMEOUT_MS = 20_000;
+export const KEEPALIVE_TIME_MS = 10_000;
+export const KEEPALIVE_TIMEOUT_MS = 10_000;
 
 /**
  * Connections at once. grpc-js has no such option: the listening socket is ours (server.ts)
