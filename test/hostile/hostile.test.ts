@@ -32,7 +32,8 @@ import {
   settingsFrame,
   windowUpdateFrame,
 } from '../support/h2-frames.js';
-import { type SandboxerDaemon, type SandboxerSpec, startSandboxerDaemon, tsboxMain, waitFor } from '../support/tsbox-daemon.js';
+import { noopTsbox } from '../support/noop-daemon.js';
+import { type SandboxerDaemon, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
 
 /** The daemon's RSS must stay under this during every attack (idle it is about 70 MiB). */
 const RSS_BOUND_MIB = 384;
@@ -41,16 +42,6 @@ const ID = 'probe';
 const MiB = 1024 * 1024;
 /** The bound the daemon sets on connections (src/transport/limits.ts, with this machine's fd limit). */
 const CONNECTION_BOUND = 256;
-
-const noopTsbox: SandboxerSpec = {
-  name: 'tsbox-noop',
-  runsProcesses: false,
-  stopExitStatus: 137,
-  command: ({ socketPath, stateDir }) => ({
-    file: process.execPath,
-    args: [tsboxMain, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--backend', 'noop', '--log-level', 'warn'],
-  }),
-};
 
 const delay = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
