@@ -19,20 +19,20 @@ export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
  * any node's pod count (kubelet's default is 110, large nodes run a few hundred) times a few
  * watchers, and equal to the bound over all connections: containerd's may use it all.
  */
-export const MAX_STREAMS_PER_CONNECTION = 16_384;
+export const MAX_STREAMS_PER_CONNECTION = 8192;
 
 /**
  * Streams open at once over all connections; above this, new streams are refused
- * (REFUSED_STREAM, which grpc-go retries). A stream held open costs memory: a pending Wait
- * about 2 KiB, a stream held by a hostile peer with a full header block about 10 KiB, so
- * this bounds what held streams can cost to about 160 MiB.
+ * (REFUSED_STREAM, which grpc-go retries). A stream held open costs memory in grpc-js: a
+ * pending Wait about 8 KiB, a stream held by a hostile peer with a full header block about
+ * 16 KiB, so this bounds what held streams can cost to about 130 MiB.
  */
-export const MAX_OPEN_STREAMS = 16_384;
+export const MAX_OPEN_STREAMS = 8192;
 
 /**
  * Largest header block accepted, decoded (SETTINGS_MAX_HEADER_LIST_SIZE). containerd's
  * metadata is a few hundred bytes; 8 KiB is gRPC's own default (C core, Java). Together with
- * MAX_OPEN_STREAMS it bounds what held header blocks can cost (128 MiB).
+ * MAX_OPEN_STREAMS it bounds what held header blocks can cost (64 MiB).
  */
 export const MAX_HEADER_LIST_BYTES = 8 * 1024;
 

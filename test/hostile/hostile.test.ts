@@ -35,8 +35,12 @@ import {
 import { noopTsbox } from '../support/noop-daemon.js';
 import { type SandboxerDaemon, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
 
-/** The daemon's RSS must stay under this during every attack (idle it is about 70 MiB). */
-const RSS_BOUND_MIB = 384;
+/**
+ * The daemon's RSS must stay under this during every attack. Idle it is about 70 MiB; V8
+ * keeps the heap an attack made it grow, so the high-water mark climbs over the tier (to
+ * about 340 MiB here); without the bounds, single cases held gigabytes.
+ */
+const RSS_BOUND_MIB = 448;
 const NS = 'hostile';
 const ID = 'probe';
 const MiB = 1024 * 1024;
@@ -163,7 +167,7 @@ describe('hostile peers on the socket', () => {
     try {
       assert.ok(await conn.until(() => conn.frames.some((f) => f.type === FrameType.SETTINGS), 5000), 'no SETTINGS from the server');
       const settings = conn.serverSettings();
-      assert.equal(settings.get(Setting.MAX_CONCURRENT_STREAMS), 16_384);
+      assert.equal(settings.get(Setting.MAX_CONCURRENT_STREAMS), 8192);
       assert.equal(settings.get(Setting.MAX_HEADER_LIST_SIZE), 8192);
     } finally {
       conn.destroy();
@@ -185,9 +189,9 @@ describe('hostile peers on the socket', () => {
     attack('large header blocks', async (path) => {
       const conns: RawConnection[] = [];
       try {
-        // Six connections of 3 000 streams each: more than all of them together may hold. Each
+        // Four connections of 3 000 streams each: more than all of them together may hold. Each
         // block decodes to about 7.5 KiB from 16 bytes on the wire.
-        for (let c = 0; c < 6; c++) {
+        for (let c = 0; c < 4; c++) {
           const conn = await handshake(path, { keepFrames: false });
           conns.push(conn);
           const big = 'x'.repeat(3500);
