@@ -27,7 +27,9 @@ fi
 npm run -s build >&2
 
 echo "==> control plane: tsbox (noop backend) vs goref, alternating" >&2
-ROUNDS="${ROUNDS:-3}" DURATION="${DURATION:-5s}" WARMUP="${WARMUP:-2s}" OUT="$out/compare" \
+# waitfanout holds N×W Waits on one connection: W=5 keeps them (5 000) under the 8 192 streams
+# tsbox allows on a connection (src/transport/limits.ts), past which grpc-go queues calls.
+ROUNDS="${ROUNDS:-3}" DURATION="${DURATION:-5s}" WARMUP="${WARMUP:-2s}" W="${W:-5}" OUT="$out/compare" \
   B_LABEL=tsbox B_CMD="node $here/dist/src/main.js serve --socket {SOCK} --state-dir {DIR} --backend noop --log-level warn" \
   "$sbbench/compare.sh" > /dev/null
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (containerd 2.x
 # from Debian, the reference .proto files, npm packages), builds, checks lint and generated
-# code, then runs unit, integration and end-to-end tests. Must run as root (containerd,
+# code, then runs unit, integration, hostile-peer and end-to-end tests. Must run as root (containerd,
 # namespaces, cgroups): a test that cannot get them fails, it is never skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,4 +42,4 @@ bash scripts/critest.sh
 
 step "tests"
 node --test --test-concurrency=1 --expose-gc \
-  dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/e2e/*.test.js
+  dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/hostile/*.test.js dist/test/e2e/*.test.js

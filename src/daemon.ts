@@ -116,7 +116,13 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   const summary = await controller.recover(config.recoveryConcurrency);
   metrics.recoveryDone(summary);
   logger.info(summary, 'recovery done');
-  const server = createServer({ controller, logger, socketPath: config.socket, socketMode: config.socketMode });
+  const server = createServer({
+    controller,
+    logger,
+    socketPath: config.socket,
+    socketMode: config.socketMode,
+    rpcDone: (method, code, seconds) => metrics.rpcDone(method, code, seconds),
+  });
   try {
     await server.listen();
   } catch (err) {
@@ -126,6 +132,8 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
     throw err;
   }
   metrics.setReady(true);
+  // Recovery is done and the socket is bound: the health service says SERVING from now on.
+  server.setServing(true);
   return {
     async stop() {
       metrics.setReady(false);

@@ -88,17 +88,8 @@ export interface LoadedRecords {
   readonly quarantined: readonly { readonly namespace: string; readonly id: string; readonly leftover: boolean }[];
 }
 
-/**
- * What the controller needs of a call's AbortSignal: whether and why it fired, and a way to
- * hear it. An AbortSignal satisfies it; the transport passes a lighter object of its own
- * (transport/call-context.ts), since a pod holds one Wait for its whole life.
- */
-export interface CallSignal {
-  readonly aborted: boolean;
-  readonly reason: unknown;
-  addEventListener(type: 'abort', listener: AbortListener, options?: { once?: boolean }): void;
-  removeEventListener(type: 'abort', listener: AbortListener): void;
-}
+/** The signal of a call: fires on client cancel, deadline or daemon shutdown (transport/call-context.ts). */
+export type CallSignal = AbortSignal;
 
 /** A function, or an object whose handleEvent() is called (as EventTarget allows). */
 export type AbortListener = (() => void) | { handleEvent(): void };

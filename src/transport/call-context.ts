@@ -1,15 +1,13 @@
+import type { ServerUnaryCall } from '@grpc/grpc-js';
 import { TsboxError } from '../errors.js';
-import type { AbortListener, CallSignal } from '../controller/types.js';
-import { Deadlines, type DeadlineEntry } from './deadlines.js';
-import type { GrpcCall } from './h2/grpc-server.js';
+import { MAX_TIMER_MS } from './limits.js';
 
 /** The metadata key containerd puts its namespace in. */
 export const NAMESPACE_KEY = 'containerd-namespace';
 
-/** Tracks the calls in flight so that a shutdown can end them, and their deadlines. */
+/** Tracks the calls whose signal is armed, so that a shutdown can abort them. */
 export class CallRegistry {
   readonly #active = new Set<CallContext>();
-  readonly deadlines = new Deadlines();
   #closing: TsboxError | undefined;
 
   get closing(): TsboxError | undefined {
@@ -24,113 +22,93 @@ export class CallRegistry {
     this.#active.delete(ctx);
   }
 
-  /** Refuses new calls and aborts the signals of every call in flight with `reason`. */
+  /** Refuses new calls and aborts the signal of every call in flight with `reason`. */
   close(reason: TsboxError): void {
     this.#closing = reason;
-    this.deadlines.close();
-    for (const ctx of this.#active) ctx.abort(reason);
+    for (const ctx of [...this.#active]) ctx.abort(reason);
   }
 }
 
-const callAbort = (listener: AbortListener): void => {
-  if (typeof listener === 'function') listener();
-  else listener.handleEvent();
-};
-
 /**
- * What a handler knows about its call: the namespace and one signal that fires on client
- * cancel, deadline or daemon shutdown. The context is that signal itself (the part of
- * AbortSignal the controller uses, controller/types.ts CallSignal), and it is its own cancel
- * listener and deadline entry: a pod holds one Wait for its whole life, so a pending call
- * costs one object here rather than an AbortController, a Timeout and their closures. The
- * signal is armed (registry entry, cancel listener, deadline) only if a handler asks for it,
- * so calls that never wait pay nothing for it; `dispose` undoes all of that when the call ends.
+ * What a handler knows about its call: the namespace it was sent with and one AbortSignal
+ * that fires on client cancel, deadline or daemon shutdown, with a TsboxError as its reason
+ * (Cancelled, DeadlineExceeded, Unavailable). grpc-js reports a cancel or a connection lost
+ * as the call's 'cancelled' event, but does not stop a handler at the deadline: the context
+ * keeps its own timer for that. The signal is armed only when a handler asks for it, so a
+ * call that never waits pays nothing; `dispose` (when the call is answered) removes the
+ * listener, the timer and the registry entry.
  */
-export class CallContext implements CallSignal, DeadlineEntry {
-  /** The call on the wire. */
-  protected readonly call: GrpcCall;
+export class CallContext {
+  readonly #call: ServerUnaryCall<unknown, unknown>;
   readonly #registry: CallRegistry;
-  /** The containerd-namespace metadata value, if any. */
-  readonly namespace: string | undefined;
-  deadlineSlot = -1;
-  #armed = false;
-  #reason: TsboxError | undefined;
-  /** Abort listeners: almost always one, so the first has its own slot. */
-  #listener: AbortListener | undefined;
-  #listeners: AbortListener[] | undefined;
+  #controller: AbortController | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #deadline = Infinity;
+  readonly #onCancelled = (): void => {
+    this.abort(
+      Date.now() >= this.#deadline
+        ? new TsboxError('DeadlineExceeded', 'deadline exceeded')
+        : new TsboxError('Cancelled', 'call cancelled by the client'),
+    );
+  };
 
-  constructor(call: GrpcCall, registry: CallRegistry) {
-    this.call = call;
+  constructor(call: ServerUnaryCall<unknown, unknown>, registry: CallRegistry) {
+    this.#call = call;
     this.#registry = registry;
-    this.namespace = call.header(NAMESPACE_KEY);
   }
 
-  get deadline(): number {
-    return this.call.deadline;
+  /** The containerd-namespace metadata value, if any. */
+  get namespace(): string | undefined {
+    const value = this.#call.metadata.get(NAMESPACE_KEY)[0];
+    return typeof value === 'string' ? value : undefined;
   }
 
-  get signal(): CallSignal {
-    if (this.#armed) return this;
-    this.#armed = true;
+  get signal(): AbortSignal {
+    if (this.#controller !== undefined) return this.#controller.signal;
+    const controller = new AbortController();
+    this.#controller = controller;
     const closing = this.#registry.closing;
     if (closing !== undefined) {
-      this.#reason = closing;
-      return this;
+      controller.abort(closing);
+      return controller.signal;
+    }
+    if (this.#call.cancelled) {
+      this.#onCancelled();
+      return controller.signal;
     }
     this.#registry.add(this);
-    this.call.onCancel(this);
-    if (Number.isFinite(this.deadline)) this.#registry.deadlines.add(this);
-    return this;
+    this.#call.on('cancelled', this.#onCancelled);
+    const deadline = this.#call.getDeadline();
+    this.#deadline = deadline instanceof Date ? deadline.getTime() : deadline;
+    if (Number.isFinite(this.#deadline)) this.#armTimer();
+    return controller.signal;
   }
 
-  get aborted(): boolean {
-    return this.#reason !== undefined;
-  }
-
-  get reason(): TsboxError | undefined {
-    return this.#reason;
-  }
-
-  /** As on AbortSignal: a listener added after the abort is never called. */
-  addEventListener(_type: 'abort', listener: AbortListener): void {
-    if (this.#reason !== undefined) return;
-    if (this.#listener === undefined) this.#listener = listener;
-    else (this.#listeners ??= []).push(listener);
-  }
-
-  removeEventListener(_type: 'abort', listener: AbortListener): void {
-    if (this.#listener === listener) this.#listener = undefined;
-    else if (this.#listeners !== undefined) {
-      const at = this.#listeners.indexOf(listener);
-      if (at !== -1) this.#listeners.splice(at, 1);
+  /** A timer holds at most 2^31-1 ms: a later deadline re-arms it until it is due. */
+  #armTimer(): void {
+    const left = this.#deadline - Date.now();
+    if (left <= 0) {
+      this.#timer = undefined;
+      this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded'));
+      return;
     }
+    this.#timer = setTimeout(() => this.#armTimer(), Math.min(left, MAX_TIMER_MS));
   }
 
-  /** The client cancelled the call or its connection went away. */
-  callCancelled(): void {
-    this.abort(new TsboxError('Cancelled', 'call cancelled by the client'));
-  }
-
-  deadlinePassed(): void {
-    this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded'));
-  }
-
-  /** Fires the signal once with `reason`; each listener is called once. */
+  /** Fires the signal once with `reason`. */
   abort(reason: TsboxError): void {
-    if (this.#reason !== undefined) return;
-    this.#reason = reason;
-    const first = this.#listener;
-    const rest = this.#listeners;
-    this.#listener = undefined;
-    this.#listeners = undefined;
-    if (first !== undefined) callAbort(first);
-    if (rest !== undefined) for (const listener of rest) callAbort(listener);
+    const controller = this.#controller;
+    if (controller === undefined || controller.signal.aborted) return;
+    this.dispose();
+    controller.abort(reason);
   }
 
+  /** Undoes what arming the signal set up; the call is over. */
   dispose(): void {
-    if (!this.#armed) return;
-    this.#registry.deadlines.remove(this);
-    this.call.offCancel(this);
+    if (this.#controller === undefined) return;
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#timer = undefined;
+    this.#call.off('cancelled', this.#onCancelled);
     this.#registry.delete(this);
   }
 }

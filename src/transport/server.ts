@@ -1,3 +1,12 @@
+import { createServer as createNetServer, type Server as NetServer } from 'node:net';
+import {
+  Server,
+  ServerCredentials,
+  type ServerUnaryCall,
+  type ServiceDefinition,
+  type sendUnaryData,
+} from '@grpc/grpc-js';
+import { HealthImplementation } from 'grpc-health-check';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
@@ -26,29 +35,36 @@ import {
   type ControllerWaitResponse,
 } from '../gen/containerd/services/sandbox/v1/sandbox.js';
 import type { Any } from '../gen/google/protobuf/any.js';
+import { admitStreams } from './admission.js';
 import { CallContext, CallRegistry } from './call-context.js';
-import { GrpcH2Server, type GrpcCall } from './h2/grpc-server.js';
+import { GRPC_SERVER_OPTIONS, maxConnections } from './limits.js';
 import { claimSocket, prepareSocketPath } from './socket.js';
 import { toStatus } from './status.js';
 
-/** containerd sends messages of up to 16 MiB (SPEC.md section 1). */
-export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
+export { MAX_MESSAGE_BYTES } from './limits.js';
+
+/** The service name the health service reports for, besides the server as a whole (""). */
+export const CONTROLLER_SERVICE_NAME = 'containerd.services.sandbox.v1.Controller';
 
 export interface ServerOptions {
   readonly controller: Controller;
   readonly logger: Logger;
   readonly socketPath: string;
   readonly socketMode: number;
+  /** Told of every answered call: method, gRPC code, seconds since it arrived (metrics). */
+  readonly rpcDone?: (method: string, code: number, seconds: number) => void;
 }
 
 /** The daemon's gRPC server, started and stopped by the entry point. */
 export interface TsboxServer {
-  /** Binds the socket; from now on calls are accepted. */
+  /** Binds the socket; from now on calls are accepted. Health says NOT_SERVING until told. */
   listen(): Promise<void>;
+  /** What the standard health service (grpc.health.v1.Health) reports. */
+  setServing(serving: boolean): void;
   /**
-   * Stops accepting calls, aborts pending Waits (they end as UNAVAILABLE, which containerd
-   * retries), lets other calls finish for up to `drainMs`, then closes every connection and
-   * removes the socket.
+   * Says NOT_SERVING, stops accepting connections and calls, ends pending Waits as
+   * UNAVAILABLE (which containerd retries), lets other calls finish for up to `drainMs`, then
+   * closes every connection and removes the socket.
    */
   close(drainMs: number): Promise<void>;
 }
@@ -59,113 +75,122 @@ type CallbackHandler<Req, Res> = (request: Req, call: ServedCall<Res>, namespace
 
 const toAny = (any: AnyValue): Any => ({ typeUrl: any.typeUrl, value: Buffer.from(any.value) });
 
+/** A request that did not decode: grpc-js would answer INTERNAL, SPEC.md says INVALID_ARGUMENT. */
+class Malformed {
+  constructor(readonly error: unknown) {}
+}
+
 /** What the calls of one server share. */
 interface Served {
   readonly log: Logger;
   readonly debug: boolean;
   readonly registry: CallRegistry;
-  /** Calls not yet answered; `drained` runs when it drops to 0. */
+  /** Calls not yet answered, for the shutdown log line. */
   inFlight: number;
-  drained: (() => void) | undefined;
+  readonly rpcDone: ((method: string, code: number, seconds: number) => void) | undefined;
 }
-
-interface Definition<Req, Res> {
-  path: string;
-  requestDeserialize(b: Buffer): Req;
-  responseSerialize(r: Res): Buffer;
-}
-
-/** Wait's answer for one exit, encoded once for all of its waiters. */
-const encodedExits = new WeakMap<ExitInfo, Buffer>();
 
 /**
  * Waits told of an exit are answered after the current turn: the call that made the exit
  * happen (Stop, Shutdown) is answered first, so that its caller goes on while the answers to
  * the sandbox's watchers follow right behind it.
  */
-let waitAnswers: { readonly call: { answer(err: undefined, bytes: Buffer): void }; readonly bytes: Buffer }[] = [];
+let waitAnswers: ServedCall<ControllerWaitResponse>[] = [];
 
 function answerWaits(): void {
   const answers = waitAnswers;
   waitAnswers = [];
-  for (const { call, bytes } of answers) call.answer(undefined, bytes);
+  for (const call of answers) call.answerExit();
 }
 
 /**
  * One call being served: its context (signal, namespace), its answer, and for Wait the exit
- * listener, in one object, so that a Wait pending for a pod's whole life holds no closures.
+ * listener, in one object, so that a pending Wait holds no closure of its own.
  */
 class ServedCall<Res> extends CallContext {
   readonly #served: Served;
-  readonly #serialize: (response: Res) => Buffer;
+  readonly #callback: sendUnaryData<Res>;
   readonly #rpc: string;
   /** For the debug log line only. */
   readonly #started: bigint;
   id: string | undefined;
   #replied = false;
+  #exit: ExitInfo | undefined;
 
-  constructor(grpc: GrpcCall, served: Served, serialize: (response: Res) => Buffer, rpc: string) {
-    super(grpc, served.registry);
+  constructor(call: ServerUnaryCall<unknown, Res>, callback: sendUnaryData<Res>, served: Served, rpc: string) {
+    super(call, served.registry);
     this.#served = served;
-    this.#serialize = serialize;
+    this.#callback = callback;
     this.#rpc = rpc;
-    this.#started = served.debug ? process.hrtime.bigint() : 0n;
+    this.#started = served.debug || served.rpcDone !== undefined ? process.hrtime.bigint() : 0n;
     served.inFlight++;
-  }
-
-  /** Answers the call once: the response, or the error as a status. */
-  reply(err: unknown, response?: Res): void {
-    if (err === undefined) {
-      let bytes: Buffer;
-      try {
-        bytes = this.#serialize(response as Res);
-      } catch (serializeErr) {
-        this.answer(serializeErr, undefined);
-        return;
-      }
-      this.answer(undefined, bytes);
-    } else {
-      this.answer(err, undefined);
-    }
   }
 
   /** Wait's exit listener (controller/exit-signal.ts). */
   exitKnown(err: TsboxError | undefined, exit: ExitInfo | undefined): void {
     if (err !== undefined || exit === undefined) {
-      this.answer(err ?? new TsboxError('Internal', 'no exit'), undefined);
+      this.reply(err ?? new TsboxError('Internal', 'no exit'));
       return;
     }
-    let bytes = encodedExits.get(exit);
-    if (bytes === undefined) {
-      bytes = ControllerService.wait.responseSerialize({ exitStatus: exit.status, exitedAt: exit.exitedAt });
-      encodedExits.set(exit, bytes);
-    }
+    this.#exit = exit;
     if (waitAnswers.length === 0) setImmediate(answerWaits);
-    waitAnswers.push({ call: this, bytes });
+    waitAnswers.push(this as unknown as ServedCall<ControllerWaitResponse>);
   }
 
-  /** Sends the encoded response, or the error as a status; only the first answer counts. */
-  answer(err: unknown, bytes: Buffer | undefined): void {
+  answerExit(): void {
+    const exit = this.#exit as ExitInfo;
+    this.reply(undefined, { exitStatus: exit.status, exitedAt: exit.exitedAt } as Res);
+  }
+
+  /** Answers the call once: the response, or the error as a status. */
+  reply(err: unknown, response?: Res): void {
     if (this.#replied) return;
     this.#replied = true;
     this.dispose();
     const served = this.#served;
-    if (--served.inFlight === 0) served.drained?.();
+    served.inFlight--;
     let code = 0;
     if (err === undefined) {
-      this.call.respond(bytes as Buffer);
+      this.#callback(null, response);
     } else {
       const status = toStatus(err, served.log, this.#rpc);
       code = status.code;
-      this.call.fail(status.code, status.message);
+      this.#callback({ code: status.code, details: status.message });
     }
-    if (served.debug) {
-      served.log.debug(
-        { rpc: this.#rpc, ns: this.namespace, id: this.id, code, ms: Number(process.hrtime.bigint() - this.#started) / 1e6 },
-        'rpc',
-      );
+    if (served.debug || served.rpcDone !== undefined) {
+      const ms = Number(process.hrtime.bigint() - this.#started) / 1e6;
+      served.rpcDone?.(this.#rpc, code, ms / 1000);
+      if (served.debug) served.log.debug({ rpc: this.#rpc, ns: this.namespace, id: this.id, code, ms }, 'rpc');
     }
   }
+}
+
+interface MethodDefinition<Req, Res> {
+  readonly path: string;
+  readonly requestStream: false;
+  readonly responseStream: false;
+  requestSerialize(value: Req): Buffer;
+  requestDeserialize(bytes: Buffer): Req;
+  responseSerialize(value: Res): Buffer;
+  responseDeserialize(bytes: Buffer): Res;
+}
+
+/** The generated definition, with requests that fail to decode handed on as Malformed. */
+function serviceDefinition(): ServiceDefinition {
+  const definition: Record<string, MethodDefinition<unknown, unknown>> = {};
+  for (const [name, method] of Object.entries(ControllerService) as [string, MethodDefinition<unknown, unknown>][]) {
+    definition[name] = {
+      ...method,
+      requestDeserialize(bytes) {
+        try {
+          return method.requestDeserialize(bytes);
+        } catch (err) {
+          return new Malformed(err);
+        }
+      },
+    };
+  }
+  return definition;
 }
 
 /** Builds the server around the controller. */
@@ -173,40 +198,27 @@ export function createServer(options: ServerOptions): TsboxServer {
   const { controller, logger } = options;
   const log = logger.child({ component: 'transport' });
   const registry = new CallRegistry();
-  const served: Served = { log, debug: log.isLevelEnabled('debug'), registry, inFlight: 0, drained: undefined };
+  const served: Served = { log, debug: log.isLevelEnabled('debug'), registry, inFlight: 0, rpcDone: options.rpcDone };
 
-  type Method = (call: GrpcCall) => void;
-
-  /** Wraps a handler: decode, validate, run, encode; errors become statuses. */
-  function unary<Req extends { sandboxId: string }, Res>(
-    definition: Definition<Req, Res>,
-    rpc: string,
-    handler: Handler<Req, Res>,
-  ): [string, Method] {
-    return callback(definition, rpc, (request, call, namespace) => {
+  /** Wraps a handler: validate, run, answer; errors become statuses. */
+  function unary<Req extends { sandboxId: string }, Res>(rpc: string, handler: Handler<Req, Res>) {
+    return callback<Req, Res>(rpc, (request, call, namespace) => {
       const result = handler(request, call, namespace);
       if (result instanceof Promise) result.then((response) => call.reply(undefined, response), (err: unknown) => call.reply(err));
       else call.reply(undefined, result);
     });
   }
 
-  /** Wraps a callback handler: decode, validate, run; errors become statuses. */
-  function callback<Req extends { sandboxId: string }, Res>(
-    definition: Definition<Req, Res>,
-    rpc: string,
-    handler: CallbackHandler<Req, Res>,
-  ): [string, Method] {
-    const serialize = (response: Res): Buffer => definition.responseSerialize(response);
-    const serve = (grpc: GrpcCall): void => {
-      const call = new ServedCall<Res>(grpc, served, serialize, rpc);
+  /** Wraps a callback handler: validate, run; errors become statuses. */
+  function callback<Req extends { sandboxId: string }, Res>(rpc: string, handler: CallbackHandler<Req, Res>) {
+    return (grpc: ServerUnaryCall<Req | Malformed, Res>, answer: sendUnaryData<Res>): void => {
+      const call = new ServedCall<Res>(grpc, answer, served, rpc);
       try {
         const closing = registry.closing;
         if (closing !== undefined) throw closing;
-        let request: Req;
-        try {
-          request = definition.requestDeserialize(grpc.message);
-        } catch (err) {
-          throw new TsboxError('InvalidArgument', `malformed ${rpc} request: ${messageOf(err)}`);
+        const request = grpc.request;
+        if (request instanceof Malformed) {
+          throw new TsboxError('InvalidArgument', `malformed ${rpc} request: ${messageOf(request.error)}`);
         }
         if (served.debug) call.id = request.sandboxId;
         const namespace = validateNamespace(call.namespace);
@@ -216,11 +228,10 @@ export function createServer(options: ServerOptions): TsboxServer {
         call.reply(err);
       }
     };
-    return [definition.path, serve];
   }
 
-  const methods = new Map<string, Method>([
-    unary<ControllerCreateRequest, ControllerCreateResponse>(ControllerService.create, 'Create', async (req, _ctx, ns) => {
+  const implementation = {
+    create: unary<ControllerCreateRequest, ControllerCreateResponse>('Create', async (req, _ctx, ns) => {
       const sandbox = req.sandbox;
       await controller.create(ns, req.sandboxId, {
         netnsPath: req.netnsPath,
@@ -232,7 +243,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       return { sandboxId: req.sandboxId };
     }),
-    unary<ControllerStartRequest, ControllerStartResponse>(ControllerService.start, 'Start', async (req, ctx, ns) => {
+    start: unary<ControllerStartRequest, ControllerStartResponse>('Start', async (req, ctx, ns) => {
       const started = await controller.start(ns, req.sandboxId, ctx.signal);
       return {
         sandboxId: req.sandboxId,
@@ -244,19 +255,19 @@ export function createServer(options: ServerOptions): TsboxServer {
         spec: undefined,
       };
     }),
-    unary<ControllerPlatformRequest, ControllerPlatformResponse>(ControllerService.platform, 'Platform', (req, _ctx, ns) => {
+    platform: unary<ControllerPlatformRequest, ControllerPlatformResponse>('Platform', (req, _ctx, ns) => {
       const platform = controller.platform(ns, req.sandboxId);
       return { platform: { os: platform.os, architecture: platform.architecture, variant: platform.variant, osVersion: '' } };
     }),
-    unary<ControllerStopRequest, ControllerStopResponse>(ControllerService.stop, 'Stop', async (req, ctx, ns) => {
+    stop: unary<ControllerStopRequest, ControllerStopResponse>('Stop', async (req, ctx, ns) => {
       await controller.stop(ns, req.sandboxId, req.timeoutSecs, ctx.signal);
       return {};
     }),
     // A pod holds its Wait for its whole life: no promise or async frame stays behind.
-    callback<ControllerWaitRequest, ControllerWaitResponse>(ControllerService.wait, 'Wait', (req, call, ns) => {
+    wait: callback<ControllerWaitRequest, ControllerWaitResponse>('Wait', (req, call, ns) => {
       controller.listen(ns, req.sandboxId, call.signal, call);
     }),
-    unary<ControllerStatusRequest, ControllerStatusResponse>(ControllerService.status, 'Status', (req, _ctx, ns) => {
+    status: unary<ControllerStatusRequest, ControllerStatusResponse>('Status', (req, _ctx, ns) => {
       const status = controller.status(ns, req.sandboxId, req.verbose);
       return {
         sandboxId: req.sandboxId,
@@ -270,21 +281,15 @@ export function createServer(options: ServerOptions): TsboxServer {
         version: status.version,
       };
     }),
-    unary<ControllerShutdownRequest, ControllerShutdownResponse>(ControllerService.shutdown, 'Shutdown', async (req, ctx, ns) => {
+    shutdown: unary<ControllerShutdownRequest, ControllerShutdownResponse>('Shutdown', async (req, ctx, ns) => {
       await controller.shutdown(ns, req.sandboxId, ctx.signal);
       return {};
     }),
-    unary<ControllerMetricsRequest, ControllerMetricsResponse>(ControllerService.metrics, 'Metrics', async (req, _ctx, ns) => {
+    metrics: unary<ControllerMetricsRequest, ControllerMetricsResponse>('Metrics', async (req, _ctx, ns) => {
       const data = await controller.metrics(ns, req.sandboxId);
-      return {
-        metrics: {
-          timestamp: systemClock(),
-          id: req.sandboxId,
-          data: toAny(data),
-        },
-      };
+      return { metrics: { timestamp: systemClock(), id: req.sandboxId, data: toAny(data) } };
     }),
-    unary<ControllerUpdateRequest, ControllerUpdateResponse>(ControllerService.update, 'Update', async (req, _ctx, ns) => {
+    update: unary<ControllerUpdateRequest, ControllerUpdateResponse>('Update', async (req, _ctx, ns) => {
       // containerd never fills Update's sandboxer (SPEC.md section 2): it is not checked.
       await controller.update(ns, req.sandboxId, {
         labels: req.sandbox?.labels ?? {},
@@ -293,47 +298,79 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       return {};
     }),
-  ]);
+  };
 
-  const server = new GrpcH2Server(
-    (call) => {
-      const method = methods.get(call.method);
-      if (method !== undefined) method(call);
-      else call.fail(12, `unknown method ${call.method}`);
-    },
-    {
-      maxMessageBytes: MAX_MESSAGE_BYTES,
-      onConnectionError: (err) => log.debug({ err }, 'connection error'),
-    },
-  );
+  const server = new Server(GRPC_SERVER_OPTIONS);
+  server.addService(serviceDefinition(), implementation);
+  const health = new HealthImplementation({ '': 'NOT_SERVING', [CONTROLLER_SERVICE_NAME]: 'NOT_SERVING' });
+  health.addToServer(server);
+  const setServing = (serving: boolean): void => {
+    const status = serving ? 'SERVING' : 'NOT_SERVING';
+    health.setStatus('', status);
+    health.setStatus(CONTROLLER_SERVICE_NAME, status);
+  };
+
+  // The listening socket is ours, so that connections can be counted and bounded; grpc-js
+  // serves each one through its connection injector.
+  const injector = server.createConnectionInjector(ServerCredentials.createInsecure());
+  const stopAdmission = admitStreams(server, log);
+  const connectionLimit = maxConnections();
+  let refused = 0;
+  let refusedLogged = 0;
+  const listener: NetServer = createNetServer((connection) => injector.injectConnection(connection));
+  listener.maxConnections = connectionLimit;
+  listener.on('drop', () => {
+    refused++;
+    const now = Date.now();
+    if (now - refusedLogged < 10_000) return;
+    refusedLogged = now;
+    log.warn({ refused, maxConnections: connectionLimit }, 'connection limit reached: refusing new connections');
+  });
   let socket: { remove(): Promise<void> } | undefined;
 
   return {
     async listen() {
       await prepareSocketPath(options.socketPath);
       try {
-        await server.listen(options.socketPath);
+        await new Promise<void>((resolve, reject) => {
+          listener.once('error', reject);
+          listener.listen(options.socketPath, () => {
+            listener.off('error', reject);
+            resolve();
+          });
+        });
       } catch (err) {
         throw new TsboxError('Unavailable', `cannot listen on ${options.socketPath}: ${messageOf(err)}`, { cause: err });
       }
+      listener.on('error', (err) => log.error({ err }, 'listening socket error'));
       socket = await claimSocket(options.socketPath, options.socketMode);
-      log.info({ socket: options.socketPath, mode: options.socketMode.toString(8) }, 'listening');
+      log.info(
+        { socket: options.socketPath, mode: options.socketMode.toString(8), maxConnections: connectionLimit },
+        'listening',
+      );
     },
+    setServing,
     async close(drainMs) {
       log.info({ inFlight: served.inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
-      server.stopAccepting();
+      setServing(false);
+      const listenerClosed = new Promise<void>((resolve) => listener.close(() => resolve()));
       registry.close(new TsboxError('Unavailable', 'tsbox is shutting down; retry'));
-      if (served.inFlight > 0) {
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(resolve, drainMs);
-          served.drained = () => {
-            clearTimeout(timer);
-            resolve();
-          };
+      // tryShutdown refuses new streams (GOAWAY) and waits for the calls in flight; whatever is
+      // left when the drain time is over is cut off with its connection (UNAVAILABLE).
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(() => {
+          log.warn({ inFlight: served.inFlight }, 'drain time is over; closing connections');
+          server.forceShutdown();
+          resolve();
+        }, drainMs);
+        server.tryShutdown(() => {
+          clearTimeout(timer);
+          resolve();
         });
-      }
-      if (served.inFlight > 0) log.warn({ inFlight: served.inFlight }, 'drain time is over; closing connections');
-      server.destroy();
+      });
+      injector.destroy();
+      stopAdmission();
+      await listenerClosed;
       await socket?.remove();
       log.info('server closed');
     },

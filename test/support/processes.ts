@@ -270,10 +270,20 @@ export function createProcessTracker(owner: string): ProcessTracker {
 
   const scan = (): void => {
     const stats = allProcStats();
+    const startOf = new Map(stats.map((st) => [st.pid, st.startTime]));
+    // A session or group is a leader's only while its number is not some other process's: a
+    // dead leader's number stays reserved while members remain, but once they are gone the
+    // kernel may hand it to an unrelated process (a shim of another containerd, say).
+    const ours = (id: number): boolean => {
+      const leaderStart = leaders.get(id);
+      if (leaderStart === undefined) return false;
+      const now = startOf.get(id);
+      return now === undefined || now === leaderStart;
+    };
     const tree = new Set<number>();
     for (const st of stats) {
       const isLeader = leaders.get(st.pid) === st.startTime;
-      if (isLeader || leaders.has(st.sid) || leaders.has(st.pgid)) tree.add(st.pid);
+      if (isLeader || ours(st.sid) || ours(st.pgid)) tree.add(st.pid);
     }
     for (let grew = true; grew; ) {
       grew = false;

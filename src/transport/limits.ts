@@ -1,0 +1,123 @@
+import { readFileSync } from 'node:fs';
+import type { ServerOptions } from '@grpc/grpc-js';
+
+/**
+ * The transport's limits, each with why it has its value. The peer is containerd: one
+ * connection, a pending Wait per running pod on it, other calls a few at a time, requests of
+ * a few KiB (up to 16 MiB allowed). Anything on the socket may also be hostile or broken, so
+ * every resource a peer can make the daemon hold has a bound here.
+ */
+
+/** containerd's gRPC clients send and receive up to 16 MiB (SPEC.md section 1). */
+export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Streams open at once on one connection (advertised as SETTINGS_MAX_CONCURRENT_STREAMS).
+ * containerd holds one Wait per running pod on its one connection (more when several clients
+ * watch a sandbox), and a grpc-go client queues calls beyond the limit: if pending Waits took
+ * every slot, the Stop that would end them could never be sent. So the limit is far above
+ * any node's pod count (kubelet's default is 110, large nodes run a few hundred) times a few
+ * watchers, and equal to the bound over all connections: containerd's may use it all.
+ */
+export const MAX_STREAMS_PER_CONNECTION = 8192;
+
+/**
+ * Streams open at once over all connections; above this, new streams are refused
+ * (REFUSED_STREAM, which grpc-go retries). A stream held open costs memory in grpc-js: a
+ * pending Wait about 8 KiB, a stream held by a hostile peer with a full header block about
+ * 16 KiB, so this bounds what held streams can cost to about 130 MiB.
+ */
+export const MAX_OPEN_STREAMS = 8192;
+
+/**
+ * Largest header block accepted, decoded (SETTINGS_MAX_HEADER_LIST_SIZE). containerd's
+ * metadata is a few hundred bytes; 8 KiB is gRPC's own default (C core, Java). Together with
+ * MAX_OPEN_STREAMS it bounds what held header blocks can cost (64 MiB).
+ */
+export const MAX_HEADER_LIST_BYTES = 8 * 1024;
+
+/**
+ * Request bytes received for calls whose request has not ended yet, over all connections.
+ * Legitimate requests arrive whole within a millisecond; a peer that opens many streams and
+ * sends a body it never ends would otherwise hold 16 MiB per stream. Past this, the
+ * connection holding the most such bytes is closed. Four maximal requests fit at once.
+ */
+export const MAX_PENDING_REQUEST_BYTES = 4 * MAX_MESSAGE_BYTES;
+
+/**
+ * Time a call's request has to arrive whole after its headers. containerd sends headers and
+ * message in one write; a stream that stays incomplete longer is a broken or hostile peer
+ * holding memory, and is reset.
+ */
+export const REQUEST_ARRIVAL_MS = 30_000;
+
+/**
+ * Memory one HTTP/2 session may use inside node (nghttp2's state and queued output), in MB
+ * as node counts it. Past it, node refuses new streams on that connection, and closes it when
+ * the peer keeps trying: this is what bounds the output queued for a peer that sends requests
+ * and never reads the answers. Our answers are small (Metrics is the largest, a few KiB).
+ */
+export const MAX_SESSION_MEMORY_MB = 32;
+
+/**
+ * A connection with no call for this long is closed (GOAWAY, then close). containerd keeps
+ * its connection busy with a Wait per running pod, and redials in a millisecond on a unix
+ * socket when it has none; a peer that connects and sends nothing loses its slot.
+ */
+export const MAX_CONNECTION_IDLE_MS = 2 * 60_000;
+
+/**
+ * Keepalive: the server PINGs every connection every KEEPALIVE_TIME_MS and closes one that
+ * sends no PING ACK within KEEPALIVE_TIMEOUT_MS. The kernel tells when a peer on a unix socket
+ * goes away, but not when it is there and stopped reading (a frozen process, a client that
+ * never reads). And node leaves a connection it ended with a protocol error (e.g. GOAWAY
+ * FRAME_SIZE_ERROR) open without reading it, so even the peer's close goes unseen: the
+ * unanswered PING is what frees its descriptor. So each such connection lasts at most 20 s.
+ * containerd's grpc-go transport answers PINGs at once; one PING per 10 s costs nothing.
+ * Client PINGs need no permit policy here: node answers them, and nghttp2 closes a connection
+ * that lets more than 1 000 unread answers (PING or SETTINGS ACKs) pile up.
+ */
+export const KEEPALIVE_TIME_MS = 10_000;
+export const KEEPALIVE_TIMEOUT_MS = 10_000;
+
+/**
+ * Connections at once. grpc-js has no such option: the listening socket is ours (server.ts)
+ * and node's `maxConnections` closes any connection past it at once. Each connection costs a
+ * file descriptor, and node cannot raise RLIMIT_NOFILE above the hard limit it already runs
+ * at; sandboxes need descriptors too (supervisor pipes, pidfds, record files), and a Start
+ * that meets EMFILE fails. So the bound is at most a quarter of the descriptor limit, and 256
+ * at most: containerd uses one connection, operators' tools a few more.
+ */
+export function maxConnections(limit = openFilesLimit()): number {
+  return Math.max(16, Math.min(256, Math.floor(limit / 4)));
+}
+
+/** The soft RLIMIT_NOFILE of this process (node has no getrlimit); 1024 when unreadable. */
+export function openFilesLimit(): number {
+  let text: string;
+  try {
+    text = readFileSync('/proc/self/limits', 'utf8');
+  } catch {
+    // Not Linux, or no /proc: assume the usual default soft limit.
+    return 1024;
+  }
+  const match = /^Max open files\s+(\d+|unlimited)/m.exec(text);
+  if (match === null || match[1] === 'unlimited') return 1024 * 1024;
+  return Number(match[1]);
+}
+
+/** The grpc-js server options; the header-list bound is set on its http2 server (server.ts). */
+export const GRPC_SERVER_OPTIONS: ServerOptions = {
+  'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
+  'grpc.max_send_message_length': MAX_MESSAGE_BYTES,
+  'grpc.max_concurrent_streams': MAX_STREAMS_PER_CONNECTION,
+  'grpc-node.max_session_memory': MAX_SESSION_MEMORY_MB,
+  'grpc.max_connection_idle_ms': MAX_CONNECTION_IDLE_MS,
+  'grpc.keepalive_time_ms': KEEPALIVE_TIME_MS,
+  'grpc.keepalive_timeout_ms': KEEPALIVE_TIMEOUT_MS,
+  // channelz keeps per-call statistics nobody reads here: it costs time on every call.
+  'grpc.enable_channelz': 0,
+};
+
+/** The largest delay a node timer takes; a longer one fires after 1 ms. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;

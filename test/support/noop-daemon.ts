@@ -1,0 +1,15 @@
+/**
+ * tsbox with the no-process backend (`--backend noop`), as a sandboxer the daemon harness
+ * runs: for tests of the transport, where no sandbox process should get in the way.
+ */
+import { type SandboxerSpec, tsboxMain } from './tsbox-daemon.js';
+
+export const noopTsbox: SandboxerSpec = {
+  name: 'tsbox-noop',
+  runsProcesses: false,
+  stopExitStatus: 137,
+  command: ({ socketPath, stateDir }) => ({
+    file: process.execPath,
+    args: [tsboxMain, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--backend', 'noop', '--log-level', 'warn'],
+  }),
+};
