@@ -8,6 +8,10 @@
  * the growth of tsbox itself, and of containerd, per pod).
  *
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--json out.json]
+ *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
+ *
+ * `--sandbox-only` runs pods without containers (RunPodSandbox, then StopPodSandbox and
+ * RemovePodSandbox), which also an older tsbox build can do: that compares builds.
  */
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -22,8 +26,11 @@ const { values } = parseArgs({
     concurrent: { type: 'string', default: '12' },
     'memory-pods': { type: 'string', default: '8' },
     json: { type: 'string' },
+    'sandbox-only': { type: 'boolean', default: false },
+    'tsbox-main': { type: 'string' },
   },
 });
+const SANDBOX_ONLY = values['sandbox-only'] === true;
 const ROUNDS = Number(values.rounds);
 const SERIAL = Number(values.serial);
 const CONCURRENT = Number(values.concurrent);
@@ -47,6 +54,10 @@ async function startPod(env: PodEnv, handler: Handler, name: string, times?: Par
   const t0 = now();
   const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: handler }, { timeoutMs: 120_000 });
   const t1 = now();
+  if (SANDBOX_ONLY) {
+    if (times !== undefined) Object.assign(times, { run: t1 - t0, podStart: t1 - t0 });
+    return { id, container: '', config };
+  }
   const { container_id: container } = await env.cri.call(
     'CreateContainer',
     { pod_sandbox_id: id, config: { metadata: { name: 'main' }, image: { image: BUSYBOX_IMAGE }, command: ['sleep', '100000'] }, sandbox_config: config },
@@ -61,8 +72,10 @@ async function startPod(env: PodEnv, handler: Handler, name: string, times?: Par
 
 async function removePod(env: PodEnv, pod: Pod): Promise<number> {
   const t0 = now();
-  await env.cri.call('StopContainer', { container_id: pod.container, timeout: 0 }, { timeoutMs: 120_000 });
-  await env.cri.call('RemoveContainer', { container_id: pod.container }, { timeoutMs: 120_000 });
+  if (pod.container !== '') {
+    await env.cri.call('StopContainer', { container_id: pod.container, timeout: 0 }, { timeoutMs: 120_000 });
+    await env.cri.call('RemoveContainer', { container_id: pod.container }, { timeoutMs: 120_000 });
+  }
   await env.cri.call('StopPodSandbox', { pod_sandbox_id: pod.id }, { timeoutMs: 120_000 });
   await env.cri.call('RemovePodSandbox', { pod_sandbox_id: pod.id }, { timeoutMs: 120_000 });
   return now() - t0;
@@ -150,7 +163,11 @@ type Samples = Record<Handler, Record<Step, number[]>>;
 const empty = (): Record<Step, number[]> => Object.fromEntries(STEPS.map((s) => [s, [] as number[]])) as unknown as Record<Step, number[]>;
 
 async function main(): Promise<void> {
-  const env = await startPodEnv({ tsboxLogLevel: 'warn', containerdLogLevel: 'warn' });
+  const env = await startPodEnv({
+    tsboxLogLevel: 'warn',
+    containerdLogLevel: 'warn',
+    ...(values['tsbox-main'] === undefined ? {} : { tsboxMain: values['tsbox-main'] }),
+  });
   const serial: Samples = { tsbox: empty(), runc: empty() };
   const concurrent: Samples = { tsbox: empty(), runc: empty() };
   const rate: Record<Handler, number[]> = { tsbox: [], runc: [] };
@@ -208,8 +225,8 @@ async function main(): Promise<void> {
     [`${PARALLEL} at once`, concurrent],
   ] as const) {
     for (const step of STEPS) {
-      const t = samples.tsbox[step];
-      const r = samples.runc[step];
+      const t = samples.tsbox[step].filter(Number.isFinite);
+      const r = samples.runc[step].filter(Number.isFinite);
       if (t.length === 0) continue;
       rows.push([
         `${label}: ${step} p50 / p90 / p99 ms`,
@@ -234,7 +251,7 @@ async function main(): Promise<void> {
   const table = [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');
   const when = new Date().toISOString().slice(0, 16).replace('T', ' ');
   process.stdout.write(
-    `\nPods through CRI, ${when} UTC: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating\n\n${table}\n`,
+    `\n${SANDBOX_ONLY ? 'Pod sandboxes without containers' : 'Pods with one container'} through CRI, ${when} UTC${values['tsbox-main'] === undefined ? '' : ` (tsbox: ${values['tsbox-main']})`}: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating\n\n${table}\n`,
   );
   if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ when, serial, concurrent, rate, memory }, null, 2));
 }

@@ -1,6 +1,7 @@
 /**
- * Turns a bench run into one table (median, min–max, tsbox/goref) and a JSON file, and
- * shows each mark of the benchmark next to the figure measured for it.
+ * Turns the control-plane part of a bench run into one table (median, min–max, tsbox/goref)
+ * and a JSON file. These figures are information: what a node feels is in the pod benchmark
+ * (bench/pods.ts), through CRI against containerd's podsandbox.
  *
  *   node dist/bench/report.js --compare runs.jsonl --real-work real-work.json --json out.json --machine "..."
  */
@@ -93,26 +94,6 @@ const fmt = (n: number | undefined): string =>
   n === undefined || !Number.isFinite(n) ? '–' : Math.abs(n) >= 100 ? n.toFixed(0) : Math.abs(n) >= 10 ? n.toFixed(1) : n.toFixed(2);
 const cell = (s?: { median: number; min: number; max: number }): string => (s ? `${fmt(s.median)} (${fmt(s.min)}–${fmt(s.max)})` : '–');
 
-const byName = (name: string): Row | undefined => rows.find((r) => r.name === name);
-const ratio = (name: string): number | undefined => byName(name)?.ratio;
-const tsbox = (name: string): number | undefined => byName(name)?.tsbox?.median;
-
-const marks: { mark: string; measured: number | undefined; target: string; met: boolean | undefined }[] = [];
-const mark = (m: string, measured: number | undefined, target: string, ok: (v: number) => boolean): void => {
-  marks.push({ mark: m, measured, target, met: measured === undefined || !Number.isFinite(measured) ? undefined : ok(measured) });
-};
-mark('Status server CPU per RPC (c=16), tsbox/goref', ratio('status c=16: server CPU µs/RPC'), '≤ 1.6', (v) => v <= 1.6);
-mark('Status throughput (c=16), tsbox/goref', ratio('status c=16: requests/s'), '≥ 0.6', (v) => v >= 0.6);
-mark('lifecycle rate (c=16), tsbox/goref', ratio('lifecycle c=16: lifecycles/s'), '≥ 0.6', (v) => v >= 0.6);
-mark('waitfanout first Stop → last Wait, tsbox/goref', ratio('waitfanout: first Stop → last Wait, ms'), '≤ 1.3', (v) => v <= 1.3);
-mark('memory per pending Wait, KiB', tsbox('waitfanout: RSS per pending Wait, KiB'), '≤ 4', (v) => v <= 4);
-mark('RSS after Waits released / before', tsbox('waitfanout: RSS after release / before, ratio'), '≤ 1.25', (v) => v <= 1.25);
-mark('PSS per running sandbox (process backend), KiB', realWork['pss_per_sandbox_kib'], '≤ 1024', (v) => v <= 1024);
-mark('recovery of 1 000 sandboxes to serving, s', realWork['recovery_to_serving_s'], '≤ 2', (v) => v <= 2);
-const p10 = realWork['status_p50_us_known_10'];
-const p10k = realWork['status_p50_us_known_10000'];
-mark('Status p50 with 10 000 known / with 10', p10 && p10k ? p10k / p10 : undefined, '≤ 1.2', (v) => v <= 1.2);
-
 const lines: string[] = [];
 lines.push(`tsbox benchmark — ${new Date().toISOString().slice(0, 10)} — ${values.machine ?? ''}`);
 lines.push('');
@@ -123,11 +104,7 @@ lines.push('');
 lines.push('| real work (process backend) | tsbox |');
 lines.push('|---|---:|');
 for (const [k, v] of Object.entries(realWork)) lines.push(`| ${k} | ${fmt(v)} |`);
-lines.push('');
-lines.push('| mark | target | measured | met |');
-lines.push('|---|---|---:|---|');
-for (const m of marks) lines.push(`| ${m.mark} | ${m.target} | ${fmt(m.measured)} | ${m.met === undefined ? '–' : m.met ? 'yes' : 'no'} |`);
 process.stdout.write(`${lines.join('\n')}\n`);
 if (values.json !== undefined) {
-  writeFileSync(values.json, `${JSON.stringify({ date: new Date().toISOString(), machine: values.machine, rows, realWork, marks }, null, 2)}\n`);
+  writeFileSync(values.json, `${JSON.stringify({ date: new Date().toISOString(), machine: values.machine, rows, realWork }, null, 2)}\n`);
 }

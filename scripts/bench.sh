@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# npm run bench: tsbox against the Go reference server (goref), alternating in one run, then
-# tsbox's real-work figures with real processes. Prints one table and writes a JSON file.
-# A benchmark, not a test: nothing here passes or fails on a number.
+# npm run bench: first whole pods through CRI, tsbox against containerd's own podsandbox in
+# one run (the figures a node feels); then, as information, tsbox's control plane against the
+# Go reference server (goref) and tsbox's real-work figures with real processes. Prints the
+# tables and writes JSON files. A benchmark, not a test: nothing passes or fails on a number.
+#   PODS_ONLY=1 npm run bench          # only the pods
 #
 #   npm run bench                       # 3 rounds of 5 s per scenario (~15 min on 2 cores)
 #   ROUNDS=1 DURATION=3s npm run bench  # quicker
@@ -15,6 +17,12 @@ stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="${BENCH_OUT:-$here/.cache/bench/$stamp}"
 mkdir -p "$out"
 
+[ -d node_modules/@grpc/grpc-js ] || npm ci --ignore-scripts --no-audit --no-fund >&2
+npm run -s build >&2
+echo "==> pods through CRI: tsbox vs podsandbox, alternating" >&2
+node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} | tee "$out/pods.md"
+[ -z "${PODS_ONLY:-}" ] || { echo "results: $out" >&2; exit 0; }
+
 if [ ! -x "$sbbench/compare.sh" ]; then
   echo "bench: the sbbench harness is not at $sbbench (set SBBENCH_DIR)" >&2
   exit 1
@@ -23,8 +31,6 @@ if [ ! -x "$SBBENCH_OUT/bin/sbload" ] || [ ! -x "$SBBENCH_OUT/bin/goref" ]; then
   echo "==> building goref and sbload from Debian packages into $SBBENCH_OUT" >&2
   SBBENCH_SKIP_NODE=1 "$sbbench/build.sh" >&2
 fi
-[ -d node_modules/@grpc/grpc-js ] || npm ci --ignore-scripts --no-audit --no-fund >&2
-npm run -s build >&2
 
 echo "==> control plane: tsbox (noop backend) vs goref, alternating" >&2
 # waitfanout holds N×W Waits on one connection: W=5 keeps them (5 000) under the 8 192 streams

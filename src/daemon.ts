@@ -1,6 +1,8 @@
+import { existsSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
+import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
 import { messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import type { RuntimeBackend } from './controller/types.js';
@@ -8,7 +10,6 @@ import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js'
 import { type MetricsServer, startMetricsServer } from './metrics-server.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
-import { findShimBinary, sandboxerHandlers, shimBinaryName } from './runtime/cri-handlers.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
@@ -53,12 +54,16 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
  */
 function checkContainerShims(config: Config, logger: Logger): void {
   const runc = 'io.containerd.runc.v2';
-  if (findShimBinary(runc) === undefined) {
+  if (findShim(runc) === undefined) {
     logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox cannot run containers`);
+  }
+  if (!existsSync(config.containerdConfig)) {
+    logger.warn({ file: config.containerdConfig }, "containerd's config is not there: the CRI handlers that use tsbox are not checked (set containerd_config)");
+    return;
   }
   let handlers;
   try {
-    handlers = sandboxerHandlers(config.containerdConfig, 'tsbox');
+    handlers = sandboxerHandlers(readContainerdConfig(config.containerdConfig), 'tsbox');
   } catch (err) {
     logger.warn({ err }, `cannot read containerd's config to check the CRI handlers that use tsbox: ${messageOf(err)}`);
     return;

@@ -5,12 +5,12 @@
  * without the controller knowing; the transport reports each answered call through
  * `rpcDone` once per RPC, and the daemon reports recovery and readiness.
  */
+import { status as GrpcStatus } from '@grpc/grpc-js';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { RecoverySummary } from './controller/controller.js';
 import type { ExitInfo, LaunchSpec, RecordStore, RunningSandbox, RuntimeBackend, SandboxRecord } from './controller/types.js';
 
 /** gRPC status code names, for the `code` label (the numbers are the protocol's). */
-const CODE_NAMES = ['OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS', 'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE', 'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED'];
 
 /** The class of an exit status: 0, an error code, 128+signal, or 255 (unknown, SPEC.md section 6). */
 export function exitClass(status: number): 'success' | 'error' | 'signal' | 'unknown' {
@@ -88,7 +88,8 @@ export function createMetrics(): TsboxMetrics {
       return ready;
     },
     rpcDone(method, code, seconds) {
-      const labels = { method, code: CODE_NAMES[code] ?? String(code) };
+      // gRPC's own names for its codes (grpc-js's enum, read backwards).
+      const labels = { method, code: GrpcStatus[code] ?? String(code) };
       rpcs.inc(labels);
       rpcSeconds.observe(labels, seconds);
     },

@@ -3,12 +3,12 @@
  * thing that is wrong, how to fix it. Exit 0 only when every check passes.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { connect } from 'node:net';
-import { basename, dirname, isAbsolute, join } from 'node:path';
+import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { parse as parseToml } from 'smol-toml';
 import type { Config } from '../config.js';
+import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
 import { messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
@@ -37,32 +37,6 @@ export interface Finding {
 const pass = (what: string): Finding => ({ ok: true, what });
 const fail = (what: string, fix: string): Finding => ({ ok: false, what, fix });
 
-/** Finds a binary on PATH. */
-export function findOnPath(binary: string, path = process.env['PATH'] ?? ''): string | undefined {
-  for (const dir of path.split(':')) {
-    if (dir === '') continue;
-    const candidate = join(dir, binary);
-    try {
-      if (statSync(candidate).isFile() && (statSync(candidate).mode & 0o111) !== 0) return candidate;
-    } catch {
-      // not in this directory
-    }
-  }
-  return undefined;
-}
-
-/**
- * The shim binary containerd runs for a runtime_type: `io.containerd.runc.v2` →
- * `containerd-shim-runc-v2` (containerd's shim naming rule); an absolute path is itself.
- */
-export function shimBinaryName(runtimeType: string): string {
-  if (isAbsolute(runtimeType)) return runtimeType;
-  const parts = runtimeType.split('.');
-  const version = parts.pop() ?? '';
-  const name = parts.pop() ?? '';
-  return `containerd-shim-${name}-${version}`;
-}
-
 /** Parses `containerd --version`: "containerd github.com/containerd/containerd/v2 2.1.9+ds1" → [2, 1, 9]. */
 export function parseContainerdVersion(text: string): [number, number, number] | undefined {
   const match = /\bv?(\d+)\.(\d+)\.(\d+)/.exec(text.split(/\s+/).slice(2).join(' ') || text);
@@ -70,64 +44,7 @@ export function parseContainerdVersion(text: string): [number, number, number] |
   return [Number(match[1]), Number(match[2]), Number(match[3])];
 }
 
-type Toml = Record<string, unknown>;
 const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Toml) : undefined);
-
-/** A containerd config with its imports, as containerd reads them. */
-export interface ContainerdConfigFiles {
-  /** Each file with its parsed content, the main file first. */
-  readonly files: readonly { readonly path: string; readonly toml: Toml }[];
-  readonly version: number;
-}
-
-/** Expands one `imports` entry: a path, or a glob with `*` in its last component. */
-function expandImport(entry: string, base: string): string[] {
-  const full = isAbsolute(entry) ? entry : join(base, entry);
-  if (!basename(full).includes('*')) return existsSync(full) ? [full] : [];
-  const dir = dirname(full);
-  const pattern = new RegExp(`^${basename(full).replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*')}$`);
-  try {
-    return readdirSync(dir).filter((f) => pattern.test(f)).sort().map((f) => join(dir, f));
-  } catch {
-    // no such directory: the glob matches nothing, as containerd treats it
-    return [];
-  }
-}
-
-/** Reads containerd's config and, recursively, the files its `imports` name. Throws on bad TOML. */
-export function readContainerdConfig(path: string): ContainerdConfigFiles {
-  const files: { path: string; toml: Toml }[] = [];
-  const seen = new Set<string>();
-  const visit = (file: string): void => {
-    if (seen.has(file)) return;
-    seen.add(file);
-    let toml: Toml;
-    try {
-      toml = parseToml(readFileSync(file, 'utf8'));
-    } catch (err) {
-      throw new Error(`${file} is not valid TOML: ${messageOf(err).split('\n')[0]}`);
-    }
-    files.push({ path: file, toml });
-    const imports = toml['imports'];
-    if (Array.isArray(imports)) {
-      for (const entry of imports) if (typeof entry === 'string') for (const f of expandImport(entry, dirname(file))) visit(f);
-    }
-  };
-  visit(path);
-  const version = files[0]?.toml['version'];
-  return { files, version: typeof version === 'number' ? version : 1 };
-}
-
-/** The CRI runtimes tables of a config (version 3 and version 2 keys). */
-function criRuntimes(toml: Toml): Toml[] {
-  const plugins = table(toml['plugins']);
-  const out: Toml[] = [];
-  for (const key of ['io.containerd.cri.v1.runtime', 'io.containerd.grpc.v1.cri']) {
-    const runtimes = table(table(table(plugins?.[key])?.['containerd'])?.['runtimes']);
-    if (runtimes !== undefined) out.push(runtimes);
-  }
-  return out;
-}
 
 /** Checks of containerd's config: the proxy plugin and the CRI handler. */
 export function checkContainerdConfig(path: string, config: Config, binPath?: string): Finding[] {
@@ -162,14 +79,7 @@ export function checkContainerdConfig(path: string, config: Config, binPath?: st
     findings.push(pass(`tsbox is registered as sandbox proxy plugin "${SANDBOXER}" at ${config.socket} (${proxy.file})`));
   }
 
-  const handlers = parsed.files.flatMap((f) =>
-    criRuntimes(f.toml).flatMap((runtimes) =>
-      Object.entries(runtimes).flatMap(([name, value]) => {
-        const t = table(value);
-        return t?.['sandboxer'] === SANDBOXER ? [{ name, file: f.path, runtimeType: t['runtime_type'] }] : [];
-      }),
-    ),
-  );
+  const handlers = sandboxerHandlers(parsed, SANDBOXER, binPath);
   if (handlers.length === 0) {
     findings.push(fail(`no CRI runtime handler with sandboxer = "${SANDBOXER}"`, `"tsbox install" adds [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]; Kubernetes pods need it`));
   }
@@ -179,7 +89,7 @@ export function checkContainerdConfig(path: string, config: Config, binPath?: st
       continue;
     }
     const shim = shimBinaryName(h.runtimeType);
-    const found = isAbsolute(shim) ? (existsSync(shim) ? shim : undefined) : findOnPath(shim, binPath);
+    const found = h.shim;
     if (found === undefined) {
       findings.push(
         fail(

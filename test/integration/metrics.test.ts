@@ -88,7 +88,17 @@ describe('metrics endpoint', () => {
       assert.equal(sample(body, 'tsbox_sandboxes{namespace="metrics-ns",state="running"}'), undefined);
 
       await c.controller.call('Shutdown', ref);
+      const missing = await c.controller.call('Status', { sandbox_id: 'no-such', sandboxer: 'tsbox' }).then(
+        () => 'answered',
+        (err: unknown) => String((err as { code?: unknown }).code),
+      );
+      assert.equal(missing, '5', 'NOT_FOUND');
       body = (await httpGet(metricsSocket, '/metrics')).body;
+      for (const method of ['Create', 'Start', 'Stop', 'Shutdown']) {
+        assert.equal(sample(body, `tsbox_rpc_requests_total{method="${method}",code="OK"}`), 1, `${method} counted by the transport`);
+        assert.equal(sample(body, `tsbox_rpc_duration_seconds_count{method="${method}",code="OK"}`), 1, `${method} timed`);
+      }
+      assert.equal(sample(body, 'tsbox_rpc_requests_total{method="Status",code="NOT_FOUND"}'), 1, 'failed calls by their code');
       assert.equal(sample(body, 'tsbox_sandboxes{namespace="metrics-ns",state="exited"}'), undefined, 'a removed sandbox is no longer counted');
     } finally {
       c.close();

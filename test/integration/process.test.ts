@@ -6,13 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
-import { type TsboxDaemon, startTsbox, which } from '../support/tsbox-daemon.js';
+import { type TsboxDaemon, startSandboxerDaemon, startTsbox, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
 import { alive, createAndStart, criMetadata, ociSpec, podSandboxConfig, procExists, waitFor, withLog } from './fixtures.js';
 
 /** Pids of processes whose command line names `needle` (the sandbox's supervisor names its dir). */
@@ -285,6 +285,24 @@ describe('the sandbox process', () => {
       await client.shutdown({ sandboxId: id });
     }));
 
+  test('a netns_path that names a FIFO: Start fails at once naming it, Shutdown works, nothing is left', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'fifo-netns';
+      const fifo = path.join(d().dir, 'not-a-netns');
+      assert.equal(spawnSync('mkfifo', [fifo]).status, 0);
+      d().track(ns, id);
+      await client.create({ sandboxId: id, netnsPath: fifo, sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' } } });
+      const err = await expectCode(client.start({ sandboxId: id }, { timeoutMs: 10_000 }), GrpcStatus.FAILED_PRECONDITION);
+      assert.match(err.details, /is not a network namespace/);
+      assert.ok(err.details.includes(fifo));
+      const dir = d().sandboxDir(ns, id);
+      await waitFor(() => processesNaming(dir).length === 0, { what: `no process naming ${dir}`, timeoutMs: 5000 });
+      for (const cgroup of sandboxCgroupDirs(ns, id)) assert.equal(existsSync(cgroup), false, `${cgroup} left behind`);
+      await client.shutdown({ sandboxId: id }, { timeoutMs: 5000 });
+      await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+    }));
+
   test('netns_path: the sandbox runs in the network namespace it was given', () =>
     withLog(daemon, async () => {
       const client = d().client(ns);
@@ -303,4 +321,37 @@ describe('the sandbox process', () => {
       assert.equal((await client.wait({ sandboxId: id })).exitStatus, 137);
       await client.shutdown({ sandboxId: id });
     }));
+});
+
+describe('a supervisor that never answers its start handshake', () => {
+  test('fails that Start after start_timeout_ms, kills what it started, and frees the sandbox for Shutdown', async () => {
+    const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-mute-'));
+    const mute = path.join(scratch, 'mute-supervisor');
+    // Takes the supervisor's place: runs, never answers, never exits by itself.
+    const sleep = '7431.25'; // a duration nothing else on the machine sleeps for
+    writeFileSync(mute, `#!/bin/sh\nexec sleep ${sleep}\n`, { mode: 0o755 });
+    const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--shim-path', mute, '--start-timeout-ms', '400'] }), { label: 'tsbox-mute-' });
+    const ns = uniqueNamespace('mute');
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        const id = 'mute';
+        daemon.track(ns, id);
+        await client.create({ sandboxId: id, sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' } } });
+        const err = await expectCode(client.start({ sandboxId: id }, { timeoutMs: 10_000 }), GrpcStatus.FAILED_PRECONDITION);
+        assert.match(err.details, /did not answer within 400 ms/);
+        await waitFor(() => processesNaming(sleep).length === 0, {
+          what: 'the mute supervisor killed',
+          timeoutMs: 5000,
+          describe: () => `still running: ${processesNaming(sleep).join(', ')}`,
+        });
+        assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_UNKNOWN', 'still just created');
+        await client.shutdown({ sandboxId: id }, { timeoutMs: 5000 });
+        await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+      });
+    } finally {
+      await daemon.teardown();
+      rmSync(scratch, { recursive: true, force: true });
+    }
+  });
 });

@@ -77,6 +77,19 @@ describe('Stop with a grace period', () => {
       await client.shutdown({ sandboxId: id });
     }));
 
+  test('Stop with a grace period beyond what a timer holds (2^32-1 s) still waits for the process; it never kills at once', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'huge-grace';
+      const { pid } = await createAndStart(d(), client, id, shSandbox(id, IGNORES_TERM));
+      await expectCode(client.stop({ sandboxId: id, timeoutSecs: 4_294_967_295 }, { timeoutMs: 1500 }), GrpcStatus.DEADLINE_EXCEEDED);
+      assert.ok(alive(pid), 'SIGTERM is ignored and the grace period has not passed');
+      assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_READY');
+      await client.stop({ sandboxId: id, timeoutSecs: 0 });
+      assert.equal((await client.wait({ sandboxId: id })).exitStatus, 137);
+      await client.shutdown({ sandboxId: id });
+    }));
+
   test('Shutdown during a long graceful Stop kills the sandbox at once; Stop and Wait return', () =>
     withLog(daemon, async () => {
       const client = d().client(ns);

@@ -67,11 +67,18 @@ function cniConfig(bridge: string, dataDir: string): string {
 }
 
 /** Starts the node. Never skips: without root, containerd or the images it fails, saying why. */
-export async function startPodEnv(options: { containerdLogLevel?: string; tsboxLogLevel?: string } = {}): Promise<PodEnv> {
+export async function startPodEnv(
+  options: {
+    containerdLogLevel?: string;
+    tsboxLogLevel?: string;
+    /** Another tsbox build (the benchmark compares builds); it gets only the basic flags. */
+    tsboxMain?: string;
+  } = {},
+): Promise<PodEnv> {
   const missing = containerdUnavailableReason();
   if (missing !== undefined) throw new Error(missing);
   let containerd: Containerd | undefined;
-  const base = tsboxSandboxer();
+  const base = tsboxSandboxer(options.tsboxMain === undefined ? {} : { main: options.tsboxMain });
   const tsbox = await createSandboxerDaemon({
     ...base,
     command: (paths) => {
@@ -79,6 +86,7 @@ export async function startPodEnv(options: { containerdLogLevel?: string; tsboxL
       const c = containerd;
       if (c === undefined) throw new Error('containerd must run before tsbox is started');
       const args = cmd.args.map((a, i) => (cmd.args[i - 1] === '--log-level' && options.tsboxLogLevel !== undefined ? options.tsboxLogLevel : a));
+      if (options.tsboxMain !== undefined) return { ...cmd, args };
       return {
         ...cmd,
         args: [

@@ -6,7 +6,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:f
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { findShimBinary, sandboxerHandlers, shimBinaryName } from '../../src/runtime/cri-handlers.js';
+import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../../src/containerd-config.js';
 
 describe('CRI handlers of a sandboxer', () => {
   const dir = mkdtempSync(path.join(tmpdir(), 'cri-handlers-'));
@@ -20,8 +20,8 @@ describe('CRI handlers of a sandboxer', () => {
     assert.equal(shimBinaryName('io.containerd.runc.v2'), 'containerd-shim-runc-v2');
     assert.equal(shimBinaryName('io.containerd.kata.v2'), 'containerd-shim-kata-v2');
     assert.equal(shimBinaryName('/opt/bin/my-shim'), '/opt/bin/my-shim');
-    assert.equal(findShimBinary('io.containerd.runc.v2', bin), path.join(bin, 'containerd-shim-runc-v2'));
-    assert.equal(findShimBinary('io.containerd.tsbox.v1', bin), undefined);
+    assert.equal(findShim('io.containerd.runc.v2', bin), path.join(bin, 'containerd-shim-runc-v2'));
+    assert.equal(findShim('io.containerd.tsbox.v1', bin), undefined);
   });
 
   test('handlers come from the main file and its imports (v3 and v2 plugin names), with their shim found or not', () => {
@@ -45,7 +45,7 @@ imports = ["conf.d/*.toml"]
   sandboxer = "tsbox"
 `,
     );
-    const found = sandboxerHandlers(main, 'tsbox').map((h) => ({ ...h, shim: h.shim === undefined ? undefined : path.basename(h.shim) }));
+    const found = sandboxerHandlers(readContainerdConfig(main), 'tsbox', bin).map((h) => ({ ...h, shim: h.shim === undefined ? undefined : path.basename(h.shim) }));
     assert.deepEqual(
       found.map((h) => [h.name, h.runtimeType, path.basename(h.file)]),
       [
@@ -53,13 +53,13 @@ imports = ["conf.d/*.toml"]
         ['legacy', 'io.containerd.tsbox.v1', 'old.toml'],
       ],
     );
+    assert.equal(found[0]?.shim, 'containerd-shim-runc-v2', 'found on the PATH given');
     assert.equal(found[1]?.shim, undefined, 'io.containerd.tsbox.v1 names no shim binary');
   });
 
   test('a config that is not TOML is an error naming the file', () => {
     const bad = path.join(dir, 'bad.toml');
     writeFileSync(bad, 'version = = 3\n');
-    assert.throws(() => sandboxerHandlers(bad, 'tsbox'), (err: unknown) => err instanceof Error && err.message.startsWith(`${bad}:`));
-    assert.deepEqual(sandboxerHandlers(path.join(dir, 'absent.toml'), 'tsbox'), [], 'no config file: no handlers');
+    assert.throws(() => readContainerdConfig(bad), (err: unknown) => err instanceof Error && err.message.startsWith(`${bad} is not valid TOML`));
   });
 });
