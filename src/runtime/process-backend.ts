@@ -54,6 +54,9 @@ export interface ProcessBackendOptions {
 
 const UNKNOWN = 255;
 
+/** What podsandbox gives a pause container: the OOM killer takes the pod's containers first. */
+const SANDBOX_OOM_SCORE_ADJ = -998;
+
 /** The longest delay setTimeout honours. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
@@ -120,6 +123,7 @@ export class ProcessBackend implements RuntimeBackend {
   readonly #log: Logger;
   readonly #watched = new Map<string, Watched>();
   #watcher: FSWatcher | undefined;
+  #oomWarned = false;
   #poll: NodeJS.Timeout | undefined;
 
   constructor(options: ProcessBackendOptions) {
@@ -265,7 +269,7 @@ export class ProcessBackend implements RuntimeBackend {
       }
       child = spawn(shimPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env, cwd: '/' });
       reply = await readReply(child, this.#opts.startTimeoutMs, signal);
-      if (limits?.oomScoreAdj !== undefined) await writeFile(`/proc/${reply.pid}/oom_score_adj`, String(limits.oomScoreAdj));
+      if (pod !== undefined) await this.#setOomScoreAdj(reply.pid, limits?.oomScoreAdj ?? SANDBOX_OOM_SCORE_ADJ);
     } catch (err) {
       if (child !== undefined && child.exitCode === null && child.signalCode === null) {
         // A supervisor that did not answer in time: it and whatever it started go.
@@ -296,6 +300,24 @@ export class ProcessBackend implements RuntimeBackend {
   }
 
   /**
+   * Sets the sandbox process's oom_score_adj. Lowering it below tsbox's own needs
+   * CAP_SYS_RESOURCE; without it the sandbox keeps tsbox's value, as CRI's
+   * restrict_oom_score_adj does for a pause container, and a warning says so once.
+   */
+  async #setOomScoreAdj(pid: number, value: number): Promise<void> {
+    try {
+      await writeFile(`/proc/${pid}/oom_score_adj`, String(value));
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code !== 'EACCES' && code !== 'EPERM') throw new TsboxError('Internal', `set oom_score_adj of ${pid}: ${messageOf(err)}`, { cause: err });
+      if (!this.#oomWarned) {
+        this.#oomWarned = true;
+        this.#log.warn({ wanted: value, err }, 'cannot lower a sandbox\'s oom_score_adj below tsbox\'s own (no CAP_SYS_RESOURCE): sandboxes keep tsbox\'s');
+      }
+    }
+  }
+
+  /**
    * Version 2 (SPEC.md section 7): containerd runs the CRI handler's runtime shim for the
    * pod's containers itself; the address is the socket that shim serves the pod on.
    */
@@ -319,7 +341,7 @@ export class ProcessBackend implements RuntimeBackend {
     if (cgroups === undefined) throw new TsboxError('FailedPrecondition', 'tsbox has no cgroups here: limits cannot be applied');
     await cgroups.applyLimits(this.#cgroupPath(spec), limits);
     if (limits.oomScoreAdj !== undefined && (await isSameProcess(sandbox.pid, (sandbox as Watched).handle.pidStart))) {
-      await writeFile(`/proc/${sandbox.pid}/oom_score_adj`, String(limits.oomScoreAdj));
+      await this.#setOomScoreAdj(sandbox.pid, limits.oomScoreAdj);
     }
   }
 

@@ -1,8 +1,8 @@
 /**
  * The release artifact: built by scripts/release.mjs (what `npm run release` runs after the
  * build), unpacked into a fresh directory outside the repository, and run from there with
- * a PATH that holds no Node: its own Node serves behind a real containerd, and its CLI
- * creates and removes a sandbox through containerd.
+ * a PATH that holds no Node: its own Node serves behind a real containerd, its CLI creates
+ * and removes a sandbox through containerd, and a Kubernetes pod with a container runs on it.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,7 +10,9 @@ import { existsSync, readFileSync, readlinkSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { repoRoot } from '../support/containerd-clients.js';
 import { type CommandResult, type Containerd, containerdUnavailableReason, runCommand, startContainerd } from '../support/containerd.js';
-import { type SandboxerDaemon, makeTempDir, processAlive, removeTree, startSandboxerDaemon } from '../support/tsbox-daemon.js';
+import { BUSYBOX_IMAGE } from '../support/images.js';
+import { TSBOX_HANDLER, podLeftovers, startPodEnv } from '../support/pod-env.js';
+import { type SandboxerDaemon, makeTempDir, processAlive, removeTree, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
 
 describe('the release artifact, unpacked on a fresh directory', () => {
   let dir = '';
@@ -84,6 +86,43 @@ describe('the release artifact, unpacked on a fresh directory', () => {
     assert.equal(rm.code, 0, rm.stderr);
     assert.ok(!processAlive(row.pid), 'rm stopped it');
     assert.doesNotMatch((await d.ctr(['sandboxes', 'ls'], { namespace: 'release' })).stdout, /smoke/);
+  });
+
+  test('a Kubernetes pod with a container runs on it through CRI, and nothing of the pod is left', async () => {
+    const launcher = path.join(home, 'bin', 'tsbox');
+    const pods = await startPodEnv({
+      tsboxCommand: ({ socketPath, stateDir }) => ({
+        file: '/usr/bin/env',
+        args: ['-i', `PATH=${env.PATH}`, launcher, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--log-level', 'debug'],
+      }),
+    });
+    try {
+      assert.equal(readlinkSync(`/proc/${pods.tsbox.pid ?? 0}/exe`), path.join(home, 'bin', 'node'), 'the artifact serves');
+      const config = pods.podConfig('released', { dns_config: { servers: ['127.0.0.53'] } });
+      const { pod_sandbox_id: id } = await pods.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 });
+      const { container_id: c } = await pods.cri.call(
+        'CreateContainer',
+        { pod_sandbox_id: id, config: { metadata: { name: 'main' }, image: { image: BUSYBOX_IMAGE }, command: ['sleep', '100000'] }, sandbox_config: config },
+        { timeoutMs: 60_000 },
+      );
+      await pods.cri.call('StartContainer', { container_id: c }, { timeoutMs: 60_000 });
+      const out = await pods.cri.call('ExecSync', { container_id: c, cmd: ['cat', '/etc/resolv.conf', '/proc/1/cmdline'], timeout: 20 });
+      assert.match(Buffer.from(out.stdout).toString('utf8'), /^nameserver 127\.0\.0\.53\n.*tsbox-shim/s);
+      await pods.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
+      await pods.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
+      await pods.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+      await pods.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+      let left = podLeftovers(pods, id, [c]);
+      await waitFor(
+        () => {
+          left = podLeftovers(pods, id, [c]);
+          return Object.values(left).every((l: string[]) => l.length === 0);
+        },
+        { what: 'nothing of the pod left', timeoutMs: 15_000, describe: () => JSON.stringify(left) },
+      );
+    } finally {
+      await pods.teardown();
+    }
   });
 
   test('its install writes a unit that runs the artifact\'s launcher', async () => {

@@ -6,7 +6,7 @@
  * everything.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import {
@@ -129,6 +129,9 @@ required_plugins = ${tomlArray(requiredPlugins)}
   bin_dir = ${tomlString(path.join(paths.optDir, 'image-verifier', 'bin'))}
 
 [plugins.'io.containerd.cri.v1.runtime']
+  # Without CAP_SYS_RESOURCE (some machines run the tests in a container) runc cannot give a
+  # pause container the oom_score_adj podsandbox asks for (-998): then CRI keeps it at ours.
+  restrict_oom_score_adj = ${String(!hasCapability(CAP_SYS_RESOURCE))}
   enable_cdi = false
   cdi_spec_dirs = []
   # Pod network namespaces (not used by host-network pods) under the private state dir, not /var/run/netns.
@@ -147,6 +150,14 @@ required_plugins = ${tomlArray(requiredPlugins)}
   runtime_type = ${tomlString(runtimeType)}
   sandboxer = ${tomlString(name)}
 ${options.extraToml ?? ''}`;
+}
+
+const CAP_SYS_RESOURCE = 24;
+
+/** Whether this process has a capability in its effective set. */
+function hasCapability(bit: number): boolean {
+  const line = readFileSync('/proc/self/status', 'utf8').split('\n').find((l) => l.startsWith('CapEff:'));
+  return line !== undefined && (BigInt(`0x${line.split(/\s+/)[1] ?? '0'}`) & (1n << BigInt(bit))) !== 0n;
 }
 
 /** A private containerd. */

@@ -38,7 +38,7 @@ function layerOf(root: string, out: string): Buffer {
   return readFileSync(out);
 }
 
-function addImage(layout: string, work: string, name: string, root: string, config: { Cmd: string[]; Env?: string[] }): Record<string, unknown> {
+function addImage(layout: string, work: string, name: string, root: string, config: { Cmd?: string[]; Entrypoint?: string[]; Env?: string[]; User?: string }): Record<string, unknown> {
   const layer = layerOf(root, path.join(work, `${path.basename(root)}.tar`));
   const layerBlob = writeBlob(layout, layer);
   const arch = goArch[process.arch] ?? process.arch;
@@ -46,7 +46,7 @@ function addImage(layout: string, work: string, name: string, root: string, conf
     JSON.stringify({
       architecture: arch,
       os: 'linux',
-      config: { Env: config.Env ?? ['PATH=/bin'], Cmd: config.Cmd, WorkingDir: '/' },
+      config: { Env: config.Env ?? ['PATH=/bin'], WorkingDir: '/', ...config },
       rootfs: { type: 'layers', diff_ids: [layerBlob.digest] },
     }),
   );
@@ -94,7 +94,8 @@ export function buildTestImages(dir: string): string {
 
   const manifests = [
     addImage(layout, work, BUSYBOX_IMAGE, bb, { Cmd: ['sh'] }),
-    addImage(layout, work, PAUSE_IMAGE, pause, { Cmd: ['/pause'] }),
+    // As the Kubernetes pause image: an entrypoint, and the nobody user.
+    addImage(layout, work, PAUSE_IMAGE, pause, { Entrypoint: ['/pause'], Env: ['PATH=/'], User: '65535:65535' }),
   ];
   writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests }));
   execFileSync('tar', ['-C', layout, '-cf', archive, '.']);

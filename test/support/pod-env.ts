@@ -18,7 +18,15 @@ import {
 } from './containerd-clients.js';
 import { type Containerd, containerdUnavailableReason, startContainerd } from './containerd.js';
 import { importTestImages } from './images.js';
-import { type SandboxerDaemon, createSandboxerDaemon, makeTempDir, removeTree, tsboxSandboxer, waitFor } from './tsbox-daemon.js';
+import {
+  type SandboxerCommand,
+  type SandboxerDaemon,
+  createSandboxerDaemon,
+  makeTempDir,
+  removeTree,
+  tsboxSandboxer,
+  waitFor,
+} from './tsbox-daemon.js';
 
 export const TSBOX_HANDLER = 'tsbox';
 /** containerd's own default handler: podsandbox (a pause container) and runc. */
@@ -73,12 +81,15 @@ export async function startPodEnv(
     tsboxLogLevel?: string;
     /** Another tsbox build (the benchmark compares builds); it gets only the basic flags. */
     tsboxMain?: string;
+    /** How to run tsbox instead of this checkout's build (a release artifact's launcher). */
+    tsboxCommand?: SandboxerCommand;
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason();
   if (missing !== undefined) throw new Error(missing);
   let containerd: Containerd | undefined;
-  const base = tsboxSandboxer(options.tsboxMain === undefined ? {} : { main: options.tsboxMain });
+  const built = tsboxSandboxer(options.tsboxMain === undefined ? {} : { main: options.tsboxMain });
+  const base = options.tsboxCommand === undefined ? built : { ...built, command: options.tsboxCommand };
   const tsbox = await createSandboxerDaemon({
     ...base,
     command: (paths) => {
@@ -165,9 +176,12 @@ export async function startPodEnv(
       const uid = `${name}-${process.pid}-${++podCount}`;
       const logDirectory = path.join(logRoot, uid);
       mkdirSync(logDirectory, { recursive: true });
+      const network = overrides.linux?.security_context?.namespace_options?.network ?? 'NODE';
       return {
         metadata: { name, namespace: 'e2e', uid, attempt: 0 },
-        hostname: name,
+        // kubelet names only pods with a network of their own: a host-network pod has the
+        // host's UTS namespace (runc refuses a host name there).
+        hostname: network === 'POD' || network === 0 ? name : '',
         log_directory: logDirectory,
         labels: { app: 'tsbox-e2e' },
         annotations: {},
