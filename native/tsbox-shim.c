@@ -18,7 +18,8 @@
  *
  * Usage: tsbox-shim --dir DIR [--notify FILE] [--netns PATH] [--hostname NAME]
  *                   [--cgroup DIR]... [--unshare pid,ipc,uts,mnt] [--cwd DIR]
- *                   [--sysctl KEY=VALUE]... [--log FILE] [-- ARGV...]
+ *                   [--sysctl KEY=VALUE]... [--shm PATH --shm-size BYTES]
+ *                   [--log FILE] [-- ARGV...]
  * Without ARGV the sandbox process is a built-in pause that sleeps until it is
  * signalled, reaps every orphan the pod's containers leave to it (it is pid 1
  * of the pod's pid namespace), and exits 0 on SIGTERM or SIGINT, as the
@@ -26,11 +27,11 @@
  * own; the others are the host's (a pod's NODE namespace modes). Sysctls are
  * written inside the sandbox's namespaces, before its process runs.
  *
- * Two helper modes for the pod's /dev/shm, which must live in the host's mount
- * namespace where CRI bind-mounts it into containers:
- *   tsbox-shim mount-shm PATH BYTES   mounts a tmpfs (mode 1777) at PATH
- *   tsbox-shim umount PATH            detaches whatever is mounted at PATH
- * Both exit 0 on success, else print the reason on stderr and exit 1.
+ * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
+ * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
+ * containers. A helper mode undoes it for tsbox at Stop:
+ *   tsbox-shim umount PATH    detaches whatever is mounted at PATH; exit 0 on success,
+ *                             else the reason on stderr and exit 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -79,19 +80,23 @@ static int write_all(int fd, const char *buf, size_t len) {
   return 0;
 }
 
-/* Writes <dir>/<name> atomically and durably. */
-static int write_file_atomic(const char *name, const char *content) {
+/*
+ * Writes <dir>/<name> atomically (temp file, rename); `durable` also fsyncs the file and
+ * the directory, so that it survives a crash of the machine, not only of tsbox.
+ */
+static int write_file_atomic(const char *name, const char *content, int durable) {
   char tmp[4096], path[4096];
   snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
   snprintf(path, sizeof path, "%s/%s", dir, name);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
-  if (write_all(fd, content, strlen(content)) < 0 || fsync(fd) < 0) {
+  if (write_all(fd, content, strlen(content)) < 0 || (durable && fsync(fd) < 0)) {
     close(fd);
     return -1;
   }
   close(fd);
   if (rename(tmp, path) < 0) return -1;
+  if (!durable) return 0;
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);
@@ -143,22 +148,13 @@ static int apply_sysctl(const char *pair) {
   return rc;
 }
 
+static int mount_shm(const char *path, unsigned long long bytes) {
+  char data[64];
+  snprintf(data, sizeof data, "mode=1777,size=%llu", bytes);
+  return mount("shm", path, "tmpfs", MS_NOEXEC | MS_NOSUID | MS_NODEV, data);
+}
+
 static int helper_mode(int argc, char **argv) {
-  if (strcmp(argv[1], "mount-shm") == 0 && argc == 4) {
-    char *end;
-    unsigned long long bytes = strtoull(argv[3], &end, 10);
-    if (*end != '\0' || bytes == 0) {
-      fprintf(stderr, "mount-shm: bad size %s\n", argv[3]);
-      return 1;
-    }
-    char data[64];
-    snprintf(data, sizeof data, "mode=1777,size=%llu", bytes);
-    if (mount("shm", argv[2], "tmpfs", MS_NOEXEC | MS_NOSUID | MS_NODEV, data) < 0) {
-      fprintf(stderr, "mount tmpfs at %s: %s\n", argv[2], strerror(errno));
-      return 1;
-    }
-    return 0;
-  }
   if (strcmp(argv[1], "umount") == 0 && argc == 3) {
     if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
       fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
@@ -166,13 +162,14 @@ static int helper_mode(int argc, char **argv) {
     }
     return 0;
   }
-  fprintf(stderr, "usage: tsbox-shim mount-shm PATH BYTES | umount PATH\n");
+  fprintf(stderr, "usage: tsbox-shim umount PATH\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
   const char *notify = NULL, *netns = NULL, *hostname = NULL, *cwd = "/", *logpath = NULL;
+  const char *shm = NULL, *shm_size = NULL;
   const char *cgroups[MAX_CGROUPS];
   const char *sysctls[MAX_SYSCTLS];
   int ncgroups = 0, nsysctls = 0, unshare_flags = 0;
@@ -209,6 +206,10 @@ int main(int argc, char **argv) {
         else fail("unknown namespace %s in --unshare", tok);
       }
       i++;
+    } else if (strcmp(a, "--shm") == 0) {
+      shm = v, i++;
+    } else if (strcmp(a, "--shm-size") == 0) {
+      shm_size = v, i++;
     } else if (strcmp(a, "--sysctl") == 0) {
       if (nsysctls == MAX_SYSCTLS) fail("too many --sysctl options");
       sysctls[nsysctls++] = v, i++;
@@ -236,6 +237,12 @@ int main(int argc, char **argv) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write_all(fd, pidbuf, strlen(pidbuf)) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
     close(fd);
+  }
+  if (shm != NULL) {
+    char *end;
+    unsigned long long bytes = shm_size == NULL ? 0 : strtoull(shm_size, &end, 10);
+    if (shm_size == NULL || *end != '\0' || bytes == 0) fail("--shm needs --shm-size BYTES");
+    if (mount_shm(shm, bytes) < 0) fail("mount tmpfs at %s: %s", shm, strerror(errno));
   }
   if (netns != NULL) {
     /* Non-blocking, and checked before setns: a FIFO or device named by a caller
@@ -326,7 +333,9 @@ int main(int argc, char **argv) {
 
   char pids[64];
   snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
-  if (write_file_atomic("pid", pids) < 0) {
+  /* Not fsynced: the pid file matters only while the processes it names run, and they do
+     not outlive the machine; a crash of tsbox leaves it in the page cache. */
+  if (write_file_atomic("pid", pids, 0) < 0) {
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     fail("write %s/pid: %s", dir, strerror(errno));
@@ -351,7 +360,8 @@ int main(int argc, char **argv) {
 
   char exitline[96];
   snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
-  if (write_file_atomic("exit", exitline) < 0) return 2;
+  /* Durable: after a reboot it is the only record of how the sandbox ended. */
+  if (write_file_atomic("exit", exitline, 1) < 0) return 2;
   if (notify != NULL) {
     int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd >= 0) close(fd);

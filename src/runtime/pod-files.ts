@@ -37,7 +37,7 @@ export class PodFiles {
   readonly #dirs: CriDirs;
   readonly #helper: string;
 
-  /** `helper` is the supervisor binary, whose mount-shm and umount modes do the mounting. */
+  /** `helper` is the supervisor binary, whose umount mode takes /dev/shm down at Stop. */
   constructor(dirs: CriDirs, helper: string) {
     this.#dirs = dirs;
     this.#helper = helper;
@@ -57,8 +57,12 @@ export class PodFiles {
     return join(this.stateDir(id), 'shm');
   }
 
-  /** Writes the files and mounts /dev/shm. Leaves nothing behind when it throws. */
-  async create(id: string, pod: PodSpec): Promise<void> {
+  /**
+   * Writes the files and, for a pod with its own IPC namespace, makes the directory for
+   * /dev/shm and returns it: the supervisor mounts the tmpfs there before it starts the
+   * sandbox (one process fewer per Start). Leaves nothing behind when it throws.
+   */
+  async create(id: string, pod: PodSpec): Promise<{ readonly shm?: string }> {
     try {
       const root = this.rootDir(id);
       await mkdir(root, { recursive: true, mode: 0o755 });
@@ -73,8 +77,9 @@ export class PodFiles {
         await mkdir(state, { recursive: true, mode: 0o700 });
         await writeFile(join(state, MARK), '');
         await mkdir(this.shmPath(id), { recursive: true, mode: 0o700 });
-        await this.#mountHelper(['mount-shm', this.shmPath(id), String(POD_SHM_BYTES)]);
+        return { shm: this.shmPath(id) };
       }
+      return {};
     } catch (err) {
       await this.remove(id).catch(ignoreError('the original failure is what the caller must hear'));
       throw err instanceof TsboxError ? err : new TsboxError('Internal', `set up pod files: ${messageOf(err)}`, { cause: err });

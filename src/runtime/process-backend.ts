@@ -20,7 +20,7 @@ import type {
 import { TsboxError, abortError, ignoreError, messageOf } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
-import type { PodFiles } from './pod-files.js';
+import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
 import { shimSocketPath, stopPodShims } from './task-shim.js';
 
@@ -257,7 +257,8 @@ export class ProcessBackend implements RuntimeBackend {
     try {
       if (pod !== undefined) {
         if (podFiles === undefined) throw new TsboxError('FailedPrecondition', 'pod files need root: tsbox cannot make them here');
-        await podFiles.create(spec.id, pod);
+        const { shm } = await podFiles.create(spec.id, pod);
+        if (shm !== undefined) args.splice(args.indexOf('--log'), 0, '--shm', shm, '--shm-size', String(POD_SHM_BYTES));
       }
       if (cgroups !== undefined) {
         const dirs = await cgroups.create(this.#cgroupPath(spec), limits).catch((err: unknown) => {
