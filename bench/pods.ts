@@ -239,7 +239,7 @@ async function main(): Promise<void> {
   rows.push([`${PARALLEL} at once: pods started per second`, med(rate.runc).toFixed(1), med(rate.tsbox).toFixed(1), ratio(med(rate.tsbox), med(rate.runc))]);
   const memMed = (h: Handler, k: keyof MemoryFigures): number => med(memory[h].map((m) => m[k]));
   for (const [key, label] of [
-    ['totalKiB', 'memory per running pod (1 container), KiB'],
+    ['totalKiB', `memory per running pod (${SANDBOX_ONLY ? 'no container' : '1 container'}), KiB`],
     ['podProcessesKiB', '  of which the pod\'s processes (PSS), KiB'],
     ['tsboxKiB', '  of which tsbox\'s growth, KiB'],
     ['containerdKiB', '  of which containerd\'s growth, KiB'],

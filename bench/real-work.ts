@@ -142,8 +142,10 @@ async function memoryAndWaits(): Promise<Record<string, number>> {
     out['pss_per_sandbox_supervision_kib'] = familyPss / list.length;
     out['pss_per_sandbox_tsbox_kib'] = Math.max(0, tsboxPss - basePss) / list.length;
 
-    // 10 000 pending Waits: 100 sandboxes x 100 Waits.
-    const waiters = 100;
+    // 5 000 pending Waits: 100 sandboxes x 50 Waits, all on one connection. tsbox admits 8 192
+    // streams per connection (src/transport/limits.ts): past that a gRPC client queues its
+    // calls, and the Status below would wait behind Waits that never end.
+    const waiters = 50;
     const before = kib(pid, 'status', 'VmRSS');
     const waits: Promise<unknown>[] = [];
     for (const id of list) for (let i = 0; i < waiters; i++) waits.push(client.wait({ sandboxId: id }));
@@ -210,7 +212,7 @@ if (parts.has('lifecycle')) {
   result['lifecycles_per_s_c8'] = await lifecycleRate(8);
 }
 if (parts.has('memory')) {
-  log('memory per running sandbox, idle RSS, 10 000 pending Waits');
+  log('memory per running sandbox, idle RSS, 5 000 pending Waits');
   Object.assign(result, await memoryAndWaits());
 }
 if (parts.has('recovery')) {

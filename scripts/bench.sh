@@ -3,7 +3,7 @@
 # one run (the figures a node feels); then, as information, tsbox's control plane against the
 # Go reference server (goref) and tsbox's real-work figures with real processes. Prints the
 # tables and writes JSON files. A benchmark, not a test: nothing passes or fails on a number.
-#   PODS_ONLY=1 npm run bench          # only the pods
+#   PODS_ONLY=1 npm run bench          # only the pods;  PODS=0 npm run bench: all but the pods
 #
 #   npm run bench                       # 3 rounds of 5 s per scenario (~15 min on 2 cores)
 #   ROUNDS=1 DURATION=3s npm run bench  # quicker
@@ -19,8 +19,10 @@ mkdir -p "$out"
 
 [ -d node_modules/@grpc/grpc-js ] || npm ci --ignore-scripts --no-audit --no-fund >&2
 npm run -s build >&2
-echo "==> pods through CRI: tsbox vs podsandbox, alternating" >&2
-node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} | tee "$out/pods.md"
+if [ "${PODS:-1}" != 0 ]; then
+  echo "==> pods through CRI: tsbox vs podsandbox, alternating" >&2
+  node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} | tee "$out/pods.md"
+fi
 [ -z "${PODS_ONLY:-}" ] || { echo "results: $out" >&2; exit 0; }
 
 if [ ! -x "$sbbench/compare.sh" ]; then
