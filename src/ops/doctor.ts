@@ -4,7 +4,6 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { connect } from 'node:net';
 import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import type { Config } from '../config.js';
@@ -12,6 +11,7 @@ import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig
 import { messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
+import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
@@ -190,19 +190,6 @@ function checkRunc(binPath?: string): Finding {
   }
 }
 
-function socketAnswers(path: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = connect(path);
-    const t = setTimeout(() => done(false), 2_000);
-    function done(answered: boolean): void {
-      clearTimeout(t);
-      s.destroy();
-      resolve(answered);
-    }
-    s.once('connect', () => done(true));
-    s.once('error', () => done(false));
-  });
-}
 
 /** tsbox's socket (a socket, its mode, someone answering) and its state dir. */
 async function checkTsboxFiles(config: Config): Promise<Finding[]> {
@@ -221,7 +208,7 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
     findings.push(fail(`tsbox's socket ${config.socket} does not exist: tsbox is not running`, 'systemctl start tsbox (or tsbox serve)'));
   }
   if (socketOk) {
-    if (await socketAnswers(config.socket)) findings.push(pass(`tsbox answers on ${config.socket} (mode ${mode(config.socketMode)})`));
+    if ((await probeSocket(config.socket, 2_000)) === 'accepts') findings.push(pass(`tsbox answers on ${config.socket} (mode ${mode(config.socketMode)})`));
     else findings.push(fail(`nothing answers on ${config.socket}: a stale socket, tsbox is not running`, 'systemctl restart tsbox'));
   }
   try {

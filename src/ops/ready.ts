@@ -3,28 +3,14 @@
  * only after recovery, so this is "ready to serve"; the systemd unit runs it as
  * ExecStartPost, which makes systemd report the unit started exactly then.
  */
-import { connect } from 'node:net';
+import { probeSocket } from '../transport/socket.js';
 import { EXIT, OperatorError } from './exit-codes.js';
-
-function accepts(path: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect(path);
-    const timer = setTimeout(() => done(false), 1_000);
-    function done(ok: boolean): void {
-      clearTimeout(timer);
-      socket.destroy();
-      resolve(ok);
-    }
-    socket.once('connect', () => done(true));
-    socket.once('error', () => done(false));
-  });
-}
 
 /** Polls the socket every 100 ms until it accepts a connection or `timeoutSeconds` pass. */
 export async function waitUntilServing(socket: string, timeoutSeconds: number): Promise<number> {
   const giveUpAt = Date.now() + timeoutSeconds * 1000;
   for (;;) {
-    if (await accepts(socket)) return EXIT.ok;
+    if ((await probeSocket(socket, 1_000)) === 'accepts') return EXIT.ok;
     if (Date.now() >= giveUpAt) {
       throw new OperatorError(EXIT.tsboxDown, `tsbox did not start serving on ${socket} within ${timeoutSeconds} s`, 'journalctl -u tsbox shows why');
     }

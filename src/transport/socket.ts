@@ -3,20 +3,28 @@ import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { TsboxError } from '../errors.js';
 
-/** Resolves true when something accepts connections on the unix socket at `path`. */
-export function isSocketLive(path: string, timeoutMs = 1000): Promise<boolean> {
+/**
+ * What a connection attempt to the unix socket at `path` finds within `timeoutMs`: a server
+ * that accepts, nothing (refused, absent, not a socket), or no answer yet.
+ */
+export function probeSocket(path: string, timeoutMs = 1000): Promise<'accepts' | 'refused' | 'silent'> {
   return new Promise((resolve) => {
     const socket = connect(path);
-    const finish = (live: boolean): void => {
+    const finish = (found: 'accepts' | 'refused' | 'silent'): void => {
       clearTimeout(timer);
       socket.destroy();
-      resolve(live);
+      resolve(found);
     };
-    // A server too busy to accept within the bound is still a live server.
-    const timer = setTimeout(() => finish(true), timeoutMs);
-    socket.once('connect', () => finish(true));
-    socket.once('error', () => finish(false));
+    const timer = setTimeout(() => finish('silent'), timeoutMs);
+    socket.once('connect', () => finish('accepts'));
+    socket.once('error', () => finish('refused'));
   });
+}
+
+/** Resolves true when a server listens on the unix socket at `path`. */
+export async function isSocketLive(path: string, timeoutMs = 1000): Promise<boolean> {
+  // A server too busy to accept within the bound is still a live server.
+  return (await probeSocket(path, timeoutMs)) !== 'refused';
 }
 
 /**

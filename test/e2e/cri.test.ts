@@ -15,7 +15,7 @@ import {
   expectGrpcError,
   grpc,
 } from '../support/containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
+import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from '../support/containerd.js';
 import {
   type SandboxerDaemon,
   processAlive,
@@ -54,20 +54,8 @@ describe('Kubernetes CRI pods on the sandboxer', () => {
     containerd = await startContainerd({ sandboxerSocket: sandboxer.socketPath, sandboxerName: handler });
     const client = createCriRuntimeClient(containerd.address);
     cri = client;
-    // The CRI plugin answers before it has initialised; RuntimeReady says when pods can run.
     // NetworkReady stays false (no CNI config): host-network pods do not need it.
-    await waitFor(
-      async () => {
-        try {
-          const st = await client.call('Status', {}, { timeoutMs: 2_000 });
-          return st.status?.conditions.some((c) => c.type === 'RuntimeReady' && c.status) === true;
-        } catch {
-          // not up yet: the caller polls again
-          return false;
-        }
-      },
-      { what: 'CRI RuntimeReady', timeoutMs: 30_000, describe: () => containerd?.logTail() ?? '' },
-    );
+    await waitForCri(client, ['RuntimeReady'], () => containerd?.logTail() ?? '', 30_000);
   });
 
   after(async () => {

@@ -7,21 +7,12 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { type CommandResult, type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
+import { type CommandResult, type Containerd, containerdUnavailableReason, runCommand, startContainerd } from '../support/containerd.js';
 import { type SandboxerDaemon, makeTempDir, removeTree, startSandboxerDaemon, tsboxMain, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
-import { spawn } from 'node:child_process';
 import { EXIT } from '../../src/ops/exit-codes.js';
 
 function run(args: readonly string[], env: NodeJS.ProcessEnv = process.env): Promise<CommandResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [tsboxMain, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000, killSignal: 'SIGKILL' });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.once('error', reject);
-    child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
-  });
+  return runCommand(process.execPath, [tsboxMain, ...args], 60_000, env);
 }
 
 describe('tsbox doctor', () => {

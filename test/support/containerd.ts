@@ -22,7 +22,7 @@ import {
   waitForSocket,
   which,
 } from './tsbox-daemon.js';
-import { createSandboxClients } from './containerd-clients.js';
+import { type CriRuntimeMethods, type UnaryClient, createSandboxClients } from './containerd-clients.js';
 
 /** What goes into the generated config. */
 export interface ContainerdConfigOptions {
@@ -319,9 +319,9 @@ function removeIfEmpty(dir: string): void {
 }
 
 /** Runs a command to completion with a time bound (SIGKILL when it passes). */
-export function runCommand(file: string, args: readonly string[], timeoutMs: number): Promise<CommandResult> {
+export function runCommand(file: string, args: readonly string[], timeoutMs: number, env: NodeJS.ProcessEnv = process.env): Promise<CommandResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'pipe'], timeout: timeoutMs, killSignal: 'SIGKILL' });
+    const child = spawn(file, args, { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: timeoutMs, killSignal: 'SIGKILL' });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -329,4 +329,27 @@ export function runCommand(file: string, args: readonly string[], timeoutMs: num
     child.once('error', reject);
     child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
   });
+}
+
+/**
+ * Waits until containerd's CRI plugin reports every condition in `conditions` (e.g.
+ * RuntimeReady, NetworkReady): it answers before it has initialised.
+ */
+export async function waitForCri(
+  client: UnaryClient<CriRuntimeMethods>,
+  conditions: readonly string[],
+  describe: () => string,
+  timeoutMs = 60_000,
+): Promise<void> {
+  await waitFor(
+    async () => {
+      try {
+        const st = await client.call('Status', {}, { timeoutMs: 2_000 });
+        return conditions.every((type) => st.status?.conditions.some((c) => c.type === type && c.status) === true);
+      } catch {
+        return false; // not answering yet: ask again
+      }
+    },
+    { what: `CRI ${conditions.join(' and ')}`, timeoutMs, describe },
+  );
 }

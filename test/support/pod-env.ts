@@ -16,7 +16,8 @@ import {
   type UnaryClient,
   createCriRuntimeClient,
 } from './containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, startContainerd } from './containerd.js';
+import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
+import { cgroupMounts } from './host.js';
 import { importTestImages } from './images.js';
 import {
   type SandboxerCommand,
@@ -25,7 +26,6 @@ import {
   makeTempDir,
   removeTree,
   tsboxSandboxer,
-  waitFor,
 } from './tsbox-daemon.js';
 
 export const TSBOX_HANDLER = 'tsbox';
@@ -138,18 +138,7 @@ export async function startPodEnv(
     await tsbox.start();
     const client = createCriRuntimeClient(containerd.address);
     cri = client;
-    await waitFor(
-      async () => {
-        try {
-          const st = await client.call('Status', {}, { timeoutMs: 2_000 });
-          const ready = (type: string): boolean => st.status?.conditions.some((c) => c.type === type && c.status) === true;
-          return ready('RuntimeReady') && ready('NetworkReady');
-        } catch {
-          return false; // not answering yet: ask again
-        }
-      },
-      { what: 'CRI RuntimeReady and NetworkReady', timeoutMs: 60_000, describe: () => containerd?.logTail() ?? '' },
-    );
+    await waitForCri(client, ['RuntimeReady', 'NetworkReady'], () => containerd?.logTail() ?? '');
     await importTestImages(containerd, work);
   } catch (err) {
     cri?.close();
@@ -199,7 +188,7 @@ export async function startPodEnv(
       cri.close();
       await c.teardown();
       await tsbox.teardown();
-      for (const root of cgroupRoots()) removeEmptyTree(path.join(root, cgroupScope));
+      for (const root of cgroupMounts()) removeEmptyTree(path.join(root, cgroupScope));
       try {
         execFileSync('ip', ['link', 'del', bridge], { stdio: 'ignore' });
       } catch {
@@ -218,16 +207,6 @@ export interface PodLeftovers {
   readonly files: string[];
 }
 
-function cgroupRoots(): string[] {
-  const out: string[] = [];
-  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const [left, right] = line.split(' - ');
-    const type = right?.split(' ')[0];
-    const point = left?.split(' ')[4];
-    if (point !== undefined && (type === 'cgroup' || type === 'cgroup2')) out.push(point);
-  }
-  return out;
-}
 
 /** Removes a cgroup directory tree bottom-up (cgroup directories are removed with rmdir). */
 function removeEmptyTree(dir: string): void {
@@ -296,7 +275,7 @@ export function podLeftovers(env: PodEnv, id: string, containerIds: readonly str
     .split('\n')
     .map((line) => line.split(' ')[4] ?? '')
     .filter((point) => names.some((n) => point.includes(n)));
-  const cgroups = cgroupRoots().flatMap((root) => names.flatMap((n) => findNamed(root, n, 6)));
+  const cgroups = cgroupMounts().flatMap((root) => names.flatMap((n) => findNamed(root, n, 6)));
   const files = [
     socket,
     env.criRootDir(id),
