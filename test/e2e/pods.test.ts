@@ -390,19 +390,35 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       };
       const before = await endpoint();
 
+      /**
+       * The pod's state through CRI once containerd answers again. While tsbox is down containerd
+       * retries the Wait it holds, its channel to tsbox backs off (at most 3 s in containerd 2.1),
+       * and CRI calls fail with UNAVAILABLE until it redials, as kubelet sees them: only that is retried.
+       */
+      const podStateThroughCri = (what: string): Promise<string> =>
+        waitFor(
+          async () => {
+            try {
+              return (await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id })).status?.state ?? 'no status';
+            } catch (err) {
+              if ((err as { code?: number }).code === grpc.status.UNAVAILABLE) return undefined;
+              throw err;
+            }
+          },
+          { what, timeoutMs: 30_000 },
+        );
+
       await env.containerd.restart();
-      await waitFor(async () => (await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id }).catch(() => /* CRI still reconnecting */ undefined))?.status?.state === 'SANDBOX_READY', {
-        what: 'pod READY after containerd restart',
-        timeoutMs: 30_000,
-      });
+      assert.equal(await podStateThroughCri('CRI after containerd restarted'), 'SANDBOX_READY');
       assert.equal((await sh(c, 'echo after-containerd-restart')).trim(), 'after-containerd-restart');
 
       await env.tsbox.restart();
       assert.equal(await endpoint(), before, 'Status gives the same endpoint after tsbox restarts');
+      assert.equal(await podStateThroughCri('CRI after tsbox restarted'), 'SANDBOX_READY');
       await env.tsbox.kill9();
       await env.tsbox.start();
       assert.equal(await endpoint(), before);
-      assert.equal((await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id })).status?.state, 'SANDBOX_READY');
+      assert.equal(await podStateThroughCri('CRI after tsbox was killed and started'), 'SANDBOX_READY');
       assert.equal((await sh(c, 'echo still-running')).trim(), 'still-running');
 
       await env.cri.call('StopContainer', { container_id: c, timeout: 10 }, { timeoutMs: 60_000 });
