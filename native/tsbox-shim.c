@@ -229,13 +229,26 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
 
+  /*
+   * Joining a cgroup. On v1 the supervisor writes "0" (itself) to the hierarchy's tasks file:
+   * it is single-threaded, so its one thread is the whole process, and a thread that moves
+   * itself does not take the kernel's global threadgroup lock, whose writer side waits for an
+   * RCU grace period (several ms on an idle node, for every pod). v2 has no tasks file outside
+   * threaded subtrees: cgroup.procs with the pid.
+   */
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", (int)getpid());
   for (int i = 0; i < ncgroups; i++) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
+    snprintf(path, sizeof path, "%s/tasks", cgroups[i]);
+    const char *what = "0";
     int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write_all(fd, pidbuf, strlen(pidbuf)) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
+    if (fd < 0 && errno == ENOENT) {
+      snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
+      what = pidbuf;
+      fd = open(path, O_WRONLY | O_CLOEXEC);
+    }
+    if (fd < 0 || write_all(fd, what, strlen(what)) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
     close(fd);
   }
   if (shm != NULL) {

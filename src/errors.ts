@@ -61,3 +61,14 @@ export function abortError(signal: { readonly reason: unknown }): TsboxError {
 export function ignoreError(_why: string): (err: unknown) => undefined {
   return () => undefined;
 }
+
+/**
+ * Waits for every operation to settle, then rejects with the first failure: a caller that
+ * cleans up after a failure finds nothing still under way.
+ */
+export async function allOrFirstError<T extends readonly unknown[]>(operations: readonly [...{ [K in keyof T]: Promise<T[K]> }]): Promise<T> {
+  const settled = await Promise.allSettled(operations as readonly Promise<unknown>[]);
+  const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
+  if (failed !== undefined) throw failed.reason;
+  return settled.map((s) => (s as PromiseFulfilledResult<unknown>).value) as unknown as T;
+}

@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
@@ -195,7 +195,7 @@ class CgroupV1 implements CgroupManager {
     const withCpuset = limits?.cpusetCpus !== undefined || limits?.cpusetMems !== undefined;
     if (withCpuset && !this.#hierarchies.has('cpuset')) throw new TsboxError('FailedPrecondition', 'the pod sets a cpuset, but no cpuset cgroup is mounted');
     const dirs = this.#dirs(path, withCpuset);
-    for (const dir of dirs) await mkdir(dir, { recursive: true });
+    await allOrFirstError(dirs.map((dir) => mkdir(dir, { recursive: true })));
     if (withCpuset) await this.#fillCpuset(path);
     if (limits !== undefined) await this.applyLimits(path, limits);
     return dirs;
@@ -217,22 +217,29 @@ class CgroupV1 implements CgroupManager {
   async applyLimits(path: string, limits: Resources): Promise<void> {
     const cpu = this.#dir('cpu', path);
     const mem = this.#dir('memory', path);
-    if (this.#hierarchies.has('cpu')) {
+    // Each controller in order, the controllers side by side.
+    const cpuLimits = async (): Promise<void> => {
+      if (!this.#hierarchies.has('cpu')) return;
       await writeLimit(cpu, 'cpu.cfs_period_us', String(limits.cpuPeriod ?? 100_000));
       await writeLimit(cpu, 'cpu.cfs_quota_us', String(limits.cpuQuota ?? -1));
       await writeLimit(cpu, 'cpu.shares', String(limits.cpuShares ?? 1024));
-    }
-    // The swap limit (memory plus swap) must never be below the memory limit: lift it first.
-    const memsw = existsSync(join(mem, 'memory.memsw.limit_in_bytes'));
-    if (memsw) await writeLimit(mem, 'memory.memsw.limit_in_bytes', '-1');
-    await writeLimit(mem, 'memory.limit_in_bytes', String(limits.memoryLimitBytes ?? -1));
-    if (memsw && limits.memorySwapLimitBytes !== undefined) await writeLimit(mem, 'memory.memsw.limit_in_bytes', String(limits.memorySwapLimitBytes));
-    if (limits.cpusetCpus !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.cpus', limits.cpusetCpus);
-    if (limits.cpusetMems !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.mems', limits.cpusetMems);
+    };
+    const memoryLimits = async (): Promise<void> => {
+      // The swap limit (memory plus swap) must never be below the memory limit: lift it first.
+      const memsw = existsSync(join(mem, 'memory.memsw.limit_in_bytes'));
+      if (memsw) await writeLimit(mem, 'memory.memsw.limit_in_bytes', '-1');
+      await writeLimit(mem, 'memory.limit_in_bytes', String(limits.memoryLimitBytes ?? -1));
+      if (memsw && limits.memorySwapLimitBytes !== undefined) await writeLimit(mem, 'memory.memsw.limit_in_bytes', String(limits.memorySwapLimitBytes));
+    };
+    const cpusetLimits = async (): Promise<void> => {
+      if (limits.cpusetCpus !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.cpus', limits.cpusetCpus);
+      if (limits.cpusetMems !== undefined) await writeLimit(this.#dir('cpuset', path), 'cpuset.mems', limits.cpusetMems);
+    };
+    await allOrFirstError([cpuLimits(), memoryLimits(), cpusetLimits()]);
   }
 
   async remove(path: string): Promise<void> {
-    for (const dir of this.#dirs(path, true)) await removeDir(dir);
+    await allOrFirstError(this.#dirs(path, true).map((dir) => removeDir(dir)));
   }
 
   async metrics(path: string): Promise<AnyValue> {

@@ -4,7 +4,7 @@ import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
-import { TsboxError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
 
 const run = promisify(execFile);
 
@@ -64,22 +64,30 @@ export class PodFiles {
    */
   async create(id: string, pod: PodSpec): Promise<{ readonly shm?: string }> {
     try {
+      // The two directories side by side; in each the marker comes first, so that whatever
+      // is there after a crash is known to be tsbox's.
       const root = this.rootDir(id);
-      await mkdir(root, { recursive: true, mode: 0o755 });
-      await writeFile(join(root, MARK), '');
-      const name = pod.hostname === '' ? hostHostname() : pod.hostname;
-      await writeFile(join(root, 'hostname'), `${name}\n`, { mode: 0o644 });
-      await copyFile('/etc/hosts', join(root, 'hosts'));
-      if (pod.resolvConf === undefined) await copyFile('/etc/resolv.conf', join(root, 'resolv.conf'));
-      else await writeFile(join(root, 'resolv.conf'), pod.resolvConf, { mode: 0o644 });
-      if (pod.ipc === 'pod') {
+      const files = (async () => {
+        await mkdir(root, { recursive: true, mode: 0o755 });
+        await writeFile(join(root, MARK), '');
+        const name = pod.hostname === '' ? hostHostname() : pod.hostname;
+        await allOrFirstError([
+          writeFile(join(root, 'hostname'), `${name}\n`, { mode: 0o644 }),
+          copyFile('/etc/hosts', join(root, 'hosts')),
+          pod.resolvConf === undefined ? copyFile('/etc/resolv.conf', join(root, 'resolv.conf')) : writeFile(join(root, 'resolv.conf'), pod.resolvConf, { mode: 0o644 }),
+        ]);
+      })();
+      const shm = (async () => {
+        if (pod.ipc !== 'pod') return undefined;
         const state = this.stateDir(id);
         await mkdir(state, { recursive: true, mode: 0o700 });
         await writeFile(join(state, MARK), '');
         await mkdir(this.shmPath(id), { recursive: true, mode: 0o700 });
-        return { shm: this.shmPath(id) };
-      }
-      return {};
+        return this.shmPath(id);
+      })();
+      // Both settle before a failure is handled, so the clean-up below sees all they made.
+      const [, shmPath] = await allOrFirstError([files, shm]);
+      return shmPath === undefined ? {} : { shm: shmPath };
     } catch (err) {
       await this.remove(id).catch(ignoreError('the original failure is what the caller must hear'));
       throw err instanceof TsboxError ? err : new TsboxError('Internal', `set up pod files: ${messageOf(err)}`, { cause: err });

@@ -17,7 +17,7 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
@@ -236,8 +236,7 @@ export class ProcessBackend implements RuntimeBackend {
     }
     const dir = layout.sandboxDir(spec.namespace, spec.id);
     await mkdir(dir, { recursive: true, mode: 0o700 });
-    await rm(join(dir, 'exit'), { force: true });
-    await rm(join(dir, 'pid'), { force: true });
+    await allOrFirstError([rm(join(dir, 'exit'), { force: true }), rm(join(dir, 'pid'), { force: true })]);
     const args = ['--dir', dir, '--notify', layout.exitNotice(spec.namespace, spec.id), '--log', join(dir, 'console.log')];
     const unshare = this.#unshare(spec);
     if (unshare.length > 0) args.push('--unshare', unshare.join(','));
@@ -255,19 +254,19 @@ export class ProcessBackend implements RuntimeBackend {
     let reply: { shimPid: number; pid: number };
     const limits = pod === undefined ? undefined : sandboxLimits(pod);
     try {
-      if (pod !== undefined) {
-        if (podFiles === undefined) throw new TsboxError('FailedPrecondition', 'pod files need root: tsbox cannot make them here');
-        const { shm } = await podFiles.create(spec.id, pod);
-        if (shm !== undefined) args.splice(args.indexOf('--log'), 0, '--shm', shm, '--shm-size', String(POD_SHM_BYTES));
-      }
-      if (cgroups !== undefined) {
-        const dirs = await cgroups.create(this.#cgroupPath(spec), limits).catch((err: unknown) => {
-          throw err instanceof TsboxError ? err : new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
-        });
-        for (const cgroup of dirs) args.splice(args.indexOf('--log'), 0, '--cgroup', cgroup);
-      } else if (limits !== undefined) {
-        throw new TsboxError('FailedPrecondition', 'the pod sets resource limits, but tsbox has no cgroups here');
-      }
+      if (pod !== undefined && podFiles === undefined) throw new TsboxError('FailedPrecondition', 'pod files need root: tsbox cannot make them here');
+      if (cgroups === undefined && limits !== undefined) throw new TsboxError('FailedPrecondition', 'the pod sets resource limits, but tsbox has no cgroups here');
+      // The pod's files and its cgroup side by side; both settle before a failure is cleaned up.
+      const [files, dirs] = await allOrFirstError([
+        pod === undefined || podFiles === undefined ? Promise.resolve<{ readonly shm?: string }>({}) : podFiles.create(spec.id, pod),
+        cgroups === undefined
+          ? Promise.resolve<string[]>([])
+          : cgroups.create(this.#cgroupPath(spec), limits).catch((err: unknown) => {
+              throw err instanceof TsboxError ? err : new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
+            }),
+      ]);
+      if (files.shm !== undefined) args.splice(args.indexOf('--log'), 0, '--shm', files.shm, '--shm-size', String(POD_SHM_BYTES));
+      for (const cgroup of dirs) args.splice(args.indexOf('--log'), 0, '--cgroup', cgroup);
       child = spawn(shimPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env, cwd: '/' });
       reply = await readReply(child, this.#opts.startTimeoutMs, signal);
       if (pod !== undefined) await this.#setOomScoreAdj(reply.pid, limits?.oomScoreAdj ?? SANDBOX_OOM_SCORE_ADJ);

@@ -5,7 +5,7 @@ import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/ty
 import { ignoreError } from '../errors.js';
 import type { StateLayout } from './layout.js';
 import { RECORD_FILE, RecordFiles } from './record-files.js';
-import { syncPath, type SyncFile } from './sync.js';
+import { SharedDirSyncs, syncPath, type SyncFile } from './sync.js';
 
 export interface FileRecordStoreOptions {
   /** Makes a file or directory durable; default `handle.sync()`. Tests count or stall it. */
@@ -19,9 +19,11 @@ const codeOf = (err: unknown): string | undefined => (err as NodeJS.ErrnoExcepti
  * is the whole truth, readable by an operator at any time (SPEC.md section 8).
  *
  * - save() writes the record to a temp file, fsyncs it, renames it over record.json and
- *   fsyncs the sandbox directory; the first save of a sandbox in this run also fsyncs the
- *   directories above it (its entry, and its namespace's, may be new). It resolves once all
- *   of that is on disk, so an RPC answered after it survives a crash.
+ *   fsyncs the sandbox directory; the first save of a sandbox in this run also fsyncs its
+ *   namespace's directory (the sandbox's entry may be new), and sandboxes/ and above when
+ *   the namespace's own entry is not yet known durable in this run. It resolves once all of
+ *   that is on disk, so an RPC answered after it survives a crash. The fsyncs of the shared
+ *   directories are coalesced across sandboxes (SharedDirSyncs).
  * - Operations on one sandbox run one after another in the order issued, so a write never
  *   undoes an earlier one and a remove is never undone by a save issued before it; those of
  *   different sandboxes run in parallel.
@@ -39,12 +41,18 @@ export class FileRecordStore implements RecordStore {
   readonly #tails = new Map<string, Promise<void>>();
   /** Sandboxes whose directory is known durable in this run: later saves sync less. */
   readonly #durableDirs = new Set<string>();
+  /** Namespace directories whose entry in sandboxes/ is known durable in this run. */
+  readonly #durableNamespaces = new Set<string>();
+  readonly #shared: SharedDirSyncs;
+  /** The last creation or removal queued on each namespace directory. */
+  readonly #namespaceLocks = new Map<string, Promise<void>>();
   #closed = false;
 
   constructor(layout: StateLayout, logger: Logger, options: FileRecordStoreOptions = {}) {
     this.#layout = layout;
     this.#files = new RecordFiles(layout, logger);
     this.#fsync = options.fsync ?? ((handle) => handle.sync());
+    this.#shared = new SharedDirSyncs(this.#fsync);
   }
 
   save(record: SandboxRecord): Promise<void> {
@@ -103,36 +111,49 @@ export class FileRecordStore implements RecordStore {
     if (!this.#durableDirs.has(dir)) {
       // The entries of directories created for it (or by a run that crashed before its first
       // save of the sandbox was durable) must survive a crash too.
-      for (const parent of created) await syncPath(parent, this.#fsync);
+      for (const parent of created) await this.#shared.sync(parent);
       this.#durableDirs.add(dir);
+      this.#durableNamespaces.add(dirname(dir));
     }
   }
 
   /**
    * Makes the sandbox directory; returns the directories whose entries must be synced on
    * the first save in this run: the parents of what was created, at least the namespace
-   * directory and sandboxes/.
+   * directory, and sandboxes/ unless the namespace directory's entry is known durable. Runs
+   * under the namespace's lock, so the namespace directory cannot vanish meanwhile and what
+   * is known of it is exact.
    */
-  async #makeDir(dir: string): Promise<string[]> {
+  #makeDir(dir: string): Promise<string[]> {
     const nsDir = dirname(dir);
-    const parents = new Set([nsDir, this.#layout.sandboxes]);
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const first = await mkdir(dir, { recursive: true, mode: 0o700 });
-        if (first !== undefined) {
-          this.#durableDirs.delete(dir);
-          // Every directory from the first one created down to the sandbox's has a new entry
-          // in its parent.
-          for (let path = dir; path.length >= first.length; path = dirname(path)) parents.add(dirname(path));
-        }
-        // Deepest first: a directory's own entry is synced before the entry that leads to it.
-        return [...parents].sort((a, b) => b.length - a.length);
-      } catch (err) {
-        // The namespace directory vanished with its last other sandbox between the steps of
-        // mkdir (a racing mkdir may then report ENOTDIR): create it again.
-        if ((codeOf(err) !== 'ENOENT' && codeOf(err) !== 'ENOTDIR') || attempt >= 3) throw err;
+    return this.#underNamespace(nsDir, async () => {
+      const parents = new Set([nsDir]);
+      const first = await mkdir(dir, { recursive: true, mode: 0o700 });
+      if (first !== undefined) {
+        this.#durableDirs.delete(dir);
+        // Every directory from the first one created down to the sandbox's has a new entry
+        // in its parent.
+        for (let path = dir; path.length >= first.length; path = dirname(path)) parents.add(dirname(path));
       }
-    }
+      if (!this.#durableNamespaces.has(nsDir)) parents.add(this.#layout.sandboxes);
+      // Deepest first: a directory's own entry is synced before the entry that leads to it.
+      return [...parents].sort((a, b) => b.length - a.length);
+    });
+  }
+
+  /** Runs `body` alone among the creations and removals of the namespace's directory. */
+  #underNamespace<T>(nsDir: string, body: () => Promise<T>): Promise<T> {
+    const previous = this.#namespaceLocks.get(nsDir) ?? Promise.resolve();
+    const current = previous.then(body);
+    const tail = current.then(
+      () => undefined,
+      ignoreError('reported to the caller of this operation; the next one runs regardless'),
+    );
+    this.#namespaceLocks.set(nsDir, tail);
+    void tail.then(() => {
+      if (this.#namespaceLocks.get(nsDir) === tail) this.#namespaceLocks.delete(nsDir);
+    });
+    return current;
   }
 
   /** Everything in the sandbox directory, then the directory, then an empty namespace directory. */
@@ -159,22 +180,28 @@ export class FileRecordStore implements RecordStore {
     await rmdir(dir).catch(async (err: unknown) => {
       if (codeOf(err) !== 'ENOENT') await rm(dir, { recursive: true, force: true });
     });
-    try {
-      await rmdir(nsDir);
-    } catch (err) {
-      const code = codeOf(err);
-      if (code !== 'ENOTEMPTY' && code !== 'EEXIST' && code !== 'ENOENT') throw err;
-      // Other sandboxes of the namespace remain: its directory keeps its entry and holds the
-      // removal. Gone (a concurrent remove took its last other sandbox): sandboxes/ holds it.
-      if (code !== 'ENOENT') {
-        try {
-          await syncPath(nsDir, this.#fsync);
-          return;
-        } catch (syncErr) {
-          if (codeOf(syncErr) !== 'ENOENT') throw syncErr;
-        }
+    const removed = await this.#underNamespace(nsDir, async () => {
+      try {
+        await rmdir(nsDir);
+        this.#durableNamespaces.delete(nsDir);
+        return true;
+      } catch (err) {
+        const code = codeOf(err);
+        if (code === 'ENOENT') this.#durableNamespaces.delete(nsDir);
+        if (code !== 'ENOTEMPTY' && code !== 'EEXIST' && code !== 'ENOENT') throw err;
+        return code === 'ENOENT';
+      }
+    });
+    // Other sandboxes of the namespace remain: its directory keeps its entry and holds the
+    // removal. Gone (also when the last of the others went meanwhile): sandboxes/ holds it.
+    if (!removed) {
+      try {
+        await this.#shared.sync(nsDir);
+        return;
+      } catch (err) {
+        if (codeOf(err) !== 'ENOENT') throw err;
       }
     }
-    await syncPath(this.#layout.sandboxes, this.#fsync);
+    await this.#shared.sync(this.#layout.sandboxes);
   }
 }

@@ -71,8 +71,64 @@ describe('FileRecordStore', () => {
 
     synced.length = 0;
     await store.save(record('k8s.io', 'second', 0));
-    assert.deepEqual(synced, [join(layout.sandboxDir('k8s.io', 'second'), 'record.json.tmp'), layout.sandboxDir('k8s.io', 'second'), join(layout.sandboxes, 'k8s.io'), layout.sandboxes]);
+    assert.deepEqual(
+      synced,
+      [join(layout.sandboxDir('k8s.io', 'second'), 'record.json.tmp'), layout.sandboxDir('k8s.io', 'second'), join(layout.sandboxes, 'k8s.io')],
+      "a new sandbox in a namespace whose entry is durable syncs up to the namespace's directory",
+    );
     assert.deepEqual(await readdir(dir), ['record.json'], 'no temp file is left');
+    await store.close();
+  });
+
+  test('once a namespace directory went with its last sandbox, its next sandbox syncs sandboxes/ again', async (t) => {
+    const layout = await tempLayout(t);
+    const { fsync, synced } = watchedSync();
+    const store = new FileRecordStore(layout, silent, { fsync });
+    const nsDir = join(layout.sandboxes, 'ns1');
+    await store.save(record('ns1', 'a', 0));
+    await store.remove('ns1', 'a');
+    assert.deepEqual(await readdir(layout.sandboxes), [], 'the empty namespace directory is gone');
+    synced.length = 0;
+    await store.save(record('ns1', 'b', 0));
+    assert.deepEqual(synced, [join(layout.sandboxDir('ns1', 'b'), 'record.json.tmp'), layout.sandboxDir('ns1', 'b'), nsDir, layout.sandboxes]);
+
+    // A namespace directory left by an earlier run is not known durable: synced once, then not.
+    await mkdir(join(layout.sandboxes, 'old'), { mode: 0o700 });
+    const fresh = new FileRecordStore(layout, silent, { fsync });
+    synced.length = 0;
+    await fresh.save(record('old', 'c', 0));
+    assert.ok(synced.includes(layout.sandboxes), 'sandboxes/ synced for a namespace directory this run did not make durable');
+    synced.length = 0;
+    await fresh.save(record('old', 'd', 0));
+    assert.ok(!synced.includes(layout.sandboxes), 'and not again');
+    await store.close();
+    await fresh.close();
+  });
+
+  test("concurrent first saves in one namespace share its directory's fsync, and none resolves before a sync that began after its entry was made", async (t) => {
+    const layout = await tempLayout(t);
+    const nsDir = join(layout.sandboxes, 'k8s.io');
+    const holding = { on: false };
+    const { fsync, synced, gate } = watchedSync((path) => holding.on && path === nsDir);
+    const store = new FileRecordStore(layout, silent, { fsync });
+    await store.save(record('k8s.io', 'seed', 0));
+    holding.on = true;
+    // The first save's sync of the namespace directory is held while five more come.
+    let resolved = 0;
+    const first = store.save(record('k8s.io', 'n0', 0)).then(() => resolved++);
+    await settle();
+    const rest = [1, 2, 3, 4, 5].map((n) => store.save(record('k8s.io', `n${n}`, 0)).then(() => resolved++));
+    // Each asks for the namespace directory's sync right after its own directory's.
+    while (![1, 2, 3, 4, 5].every((n) => synced.includes(layout.sandboxDir('k8s.io', `n${n}`)))) await settle();
+    await settle();
+    assert.equal(resolved, 0, 'no save resolves while the sync of its namespace directory waits');
+    holding.on = false;
+    gate.open();
+    await Promise.all([first, ...rest]);
+    // One for the seed, the held one for n0, one shared by the five that came while it was held.
+    assert.equal(synced.filter((p) => p === nsDir).length, 3);
+    const { records } = await new FileRecordStore(layout, silent).loadAll();
+    assert.equal(records.length, 7);
     await store.close();
   });
 
