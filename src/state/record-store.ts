@@ -78,18 +78,7 @@ export class FileRecordStore implements RecordStore {
   #queue(namespace: string, id: string, operation: (dir: string) => Promise<void>): Promise<void> {
     if (this.#closed) return Promise.reject(new Error('the record store is closed'));
     const dir = this.#layout.sandboxDir(namespace, id);
-    const previous = this.#tails.get(dir) ?? Promise.resolve();
-    // The previous operation's failure was reported to its own caller; this one runs anyway.
-    const current = previous.then(() => operation(dir));
-    const tail = current.then(
-      () => undefined,
-      ignoreError('reported to the caller of this operation; the next one runs regardless'),
-    );
-    this.#tails.set(dir, tail);
-    void tail.then(() => {
-      if (this.#tails.get(dir) === tail) this.#tails.delete(dir);
-    });
-    return current;
+    return inTurn(this.#tails, dir, () => operation(dir));
   }
 
   async #write(dir: string, json: string): Promise<void> {
@@ -143,17 +132,7 @@ export class FileRecordStore implements RecordStore {
 
   /** Runs `body` alone among the creations and removals of the namespace's directory. */
   #underNamespace<T>(nsDir: string, body: () => Promise<T>): Promise<T> {
-    const previous = this.#namespaceLocks.get(nsDir) ?? Promise.resolve();
-    const current = previous.then(body);
-    const tail = current.then(
-      () => undefined,
-      ignoreError('reported to the caller of this operation; the next one runs regardless'),
-    );
-    this.#namespaceLocks.set(nsDir, tail);
-    void tail.then(() => {
-      if (this.#namespaceLocks.get(nsDir) === tail) this.#namespaceLocks.delete(nsDir);
-    });
-    return current;
+    return inTurn(this.#namespaceLocks, nsDir, body);
   }
 
   /** Everything in the sandbox directory, then the directory, then an empty namespace directory. */
@@ -204,4 +183,22 @@ export class FileRecordStore implements RecordStore {
     }
     await this.#shared.sync(this.#layout.sandboxes);
   }
+}
+
+/**
+ * Runs `operation` after the last one queued under `key` settles, whatever its outcome (that
+ * one's failure went to its own caller); `tails` keeps the last of each key until it settles.
+ */
+function inTurn<T>(tails: Map<string, Promise<void>>, key: string, operation: () => Promise<T>): Promise<T> {
+  const previous = tails.get(key) ?? Promise.resolve();
+  const current = previous.then(operation);
+  const tail = current.then(
+    () => undefined,
+    ignoreError('reported to the caller of this operation; the next one runs regardless'),
+  );
+  tails.set(key, tail);
+  void tail.then(() => {
+    if (tails.get(key) === tail) tails.delete(key);
+  });
+  return current;
 }
