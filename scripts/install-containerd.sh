@@ -53,18 +53,27 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
 
+# Downloads Debian packages (never installs them) and unpacks them all into DEST.
+unpack_debs() {
+  local dest=$1 debs
+  shift
+  debs=$(mktemp -d)
+  mkdir -p "$dest"
+  chmod 0777 "$debs" # apt-get download runs as the _apt user
+  (cd "$debs" && apt-get download -qq "$@")
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$dest"; done
+  rm -rf "$debs"
+}
+
 protos="$cache/debian-protos"
 if [ ! -f "$protos/.complete" ]; then
   need_update
   log "unpacking reference .proto packages into $protos"
-  rm -rf "$protos" && mkdir -p "$protos/debs"
-  chmod 0777 "$protos/debs"
-  (cd "$protos/debs" && apt-get download -qq \
+  rm -rf "$protos"
+  unpack_debs "$protos/root" \
      golang-github-containerd-containerd-api-dev/sid \
      golang-github-containerd-cgroups-dev/sid \
-     golang-k8s-cri-api-dev/sid)
-  for deb in "$protos"/debs/*.deb; do dpkg-deb -x "$deb" "$protos/root"; done
-  rm -rf "$protos/debs"
+     golang-k8s-cri-api-dev/sid
   touch "$protos/.complete"
 fi
 
@@ -74,12 +83,10 @@ busybox="$cache/busybox"
 if [ ! -x "$busybox/bin/busybox" ]; then
   need_update
   log "unpacking busybox-static into $busybox"
-  rm -rf "$busybox" && mkdir -p "$busybox/debs"
-  chmod 0777 "$busybox/debs"
-  (cd "$busybox/debs" && apt-get download -qq busybox-static/bookworm)
-  dpkg-deb -x "$busybox"/debs/busybox-static_*.deb "$busybox/root"
+  rm -rf "$busybox"
+  unpack_debs "$busybox/root" busybox-static/bookworm
   mkdir -p "$busybox/bin" && cp "$busybox/root/bin/busybox" "$busybox/bin/busybox"
-  rm -rf "$busybox/debs" "$busybox/root"
+  rm -rf "$busybox/root"
 fi
 
 # CNI plugins (bridge, host-local, loopback) for the pods with a network namespace of their
