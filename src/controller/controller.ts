@@ -546,11 +546,13 @@ export class Controller {
     switch (record.state) {
       case 'created':
       case 'starting': {
-        // tsbox may have died inside a Start, which then never answered: undo it.
+        // tsbox may have died inside a Start, which then never answered: undo it, its pod
+        // files and /dev/shm mount included, so that a new Start begins from nothing.
         sandbox.state = 'created';
         try {
           await this.#backend.abandon(spec);
           await this.#backend.release(spec);
+          await this.#backend.teardown(spec, 'stop');
         } catch (err) {
           log.error({ err }, 'cannot check for a process left by an unanswered Start; Shutdown will try again');
         }

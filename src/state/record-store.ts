@@ -82,7 +82,8 @@ export class FileRecordStore implements RecordStore {
   }
 
   async #write(dir: string, json: string): Promise<void> {
-    const created = await this.#makeDir(dir);
+    // A directory known durable is there (only a remove, queued behind this save, takes it).
+    const created = this.#durableDirs.has(dir) ? [] : await this.#makeDir(dir);
     const file = join(dir, RECORD_FILE);
     const temp = `${file}.tmp`;
     const handle = await open(temp, 'w', 0o600);

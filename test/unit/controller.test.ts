@@ -839,7 +839,7 @@ describe('recover', () => {
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
   });
 
-  test('a Start that never answered is undone: abandoned, released, back to created', async () => {
+  test('a Start that never answered is undone: abandoned, released, its pod files torn down, back to created', async () => {
     const store = new MemoryRecordStore();
     store.seed(makeRecord({ namespace: NS, id: ID, state: 'starting' }));
     const { backend, controller } = restarted(store);
@@ -847,6 +847,7 @@ describe('recover', () => {
     assert.equal(summary.created, 1);
     assert.deepEqual(backend.abandoned, [keyOf(NS, ID)]);
     assert.equal(backend.releaseCount(NS, ID), 1);
+    assert.deepEqual(backend.teardowns, [`${keyOf(NS, ID)} stop`], 'the /dev/shm mount and pod files of the attempt go');
     assert.equal(store.current(NS, ID)?.state, 'created');
     assert.deepEqual(controller.status(NS, ID, false), { state: 'SANDBOX_UNKNOWN', pid: 0, ...NO_ENDPOINT });
     await controller.start(NS, ID);
