@@ -142,7 +142,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
 
       // The pod's pid namespace: pid 1 is tsbox's sandbox process, and each container sees the other.
       assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
-      assert.match(await sh(c1, 'ps -o comm'), /sleep/, 'c1 sees c2\'s sleep');
+      assert.match(await sh(c1, 'ps -o pid,args'), /sleep 100000/, 'c1 sees c2\'s process');
       const ns = async (c: string): Promise<string> => sh(c, 'for n in net ipc uts pid; do readlink /proc/self/ns/$n; done');
       const [ns1, ns2] = [await ns(c1), await ns(c2)];
       assert.equal(ns1, ns2, 'both containers share network, IPC, UTS and pid namespaces');
@@ -278,8 +278,11 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
         return line?.slice(line.indexOf(':', line.indexOf(':') + 1) + 1) ?? '';
       };
       assert.equal(memoryCgroup(pid), `${parent}/${id}`, 'the sandbox sits where CRI puts a pause container');
-      const containerPid = Number((await sh(c, 'echo $$')).trim());
-      assert.ok(containerPid > 0);
+      // The container's process, by its host pid (CRI's verbose info), in a cgroup below the pod's.
+      const { info } = await env.cri.call('ContainerStatus', { container_id: c, verbose: true });
+      const containerPid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
+      assert.ok(containerPid > 0, 'CRI names the container\'s pid');
+      assert.ok(memoryCgroup(containerPid).startsWith(`${parent}/`), `the container is in the pod's cgroup parent: ${memoryCgroup(containerPid)}`);
       const memRoot = cgroupRoot('memory');
       const limit = (file: string): string => readFileSync(path.join(memRoot, parent, id, file), 'utf8').trim();
       const cpuRoot = cgroupRoot('cpu');
@@ -349,7 +352,12 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       ];
       for (const [what, config, reason] of cases) {
         const failed = await expectGrpcError(env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 }));
+        assert.equal(failed.code, grpc.status.INVALID_ARGUMENT, what);
         assert.match(failed.details, reason, what);
+        // CRI names the sandbox it tried: nothing of it remains, in tsbox or on the node.
+        const id = /failed to create sandbox "([0-9a-f]{64})"/.exec(failed.details)?.[1];
+        assert.ok(id !== undefined, `CRI names the sandbox: ${failed.details}`);
+        assert.deepEqual(podLeftovers(env, id, []), { processes: [], mounts: [], cgroups: [], files: [] }, what);
       }
       const listed = await env.cri.call('ListPodSandbox', {});
       assert.deepEqual(listed.items.filter((p) => p.metadata?.name.startsWith('bad')), [], 'no pod left in CRI');

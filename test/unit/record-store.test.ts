@@ -14,7 +14,7 @@ import type { SandboxRecord } from '../../src/controller/types.js';
 import { stateLayout, type StateLayout } from '../../src/state/layout.js';
 import { FileRecordStore } from '../../src/state/record-store.js';
 import type { SyncFile } from '../../src/state/sync.js';
-import { Gate, makeRecord } from '../support/fakes.js';
+import { Gate, makeRecord, settle as settleTurns, until } from '../support/fakes.js';
 
 async function tempLayout(t: TestContext): Promise<StateLayout> {
   const root = await mkdtemp(join(tmpdir(), 'tsbox-store-'));
@@ -48,9 +48,7 @@ async function onDisk(layout: StateLayout, namespace: string, id: string): Promi
 }
 
 /** Lets pending I/O callbacks and promise jobs run. */
-const settle = async (): Promise<void> => {
-  for (let i = 0; i < 20; i++) await new Promise<void>((resolve) => setImmediate(resolve));
-};
+const settle = (): Promise<void> => settleTurns(20);
 
 describe('FileRecordStore', () => {
   test('the first save of a sandbox syncs the file, then its directory, then every new directory entry above it', async (t) => {
@@ -119,7 +117,7 @@ describe('FileRecordStore', () => {
     await settle();
     const rest = [1, 2, 3, 4, 5].map((n) => store.save(record('k8s.io', `n${n}`, 0)).then(() => resolved++));
     // Each asks for the namespace directory's sync right after its own directory's.
-    while (![1, 2, 3, 4, 5].every((n) => synced.includes(layout.sandboxDir('k8s.io', `n${n}`)))) await settle();
+    await until(() => [1, 2, 3, 4, 5].every((n) => synced.includes(layout.sandboxDir('k8s.io', `n${n}`))), 'the five saves synced their own directories', 5000);
     await settle();
     assert.equal(resolved, 0, 'no save resolves while the sync of its namespace directory waits');
     holding.on = false;
