@@ -130,11 +130,15 @@ class Sandbox {
 
   constructor(
     record: SandboxRecord,
-    public spec: LaunchSpec,
     readonly log: Logger,
   ) {
     this.record = record;
     this.state = record.state;
+  }
+
+  /** What to run, as the record says: an Update of the pod's resources changes both at once. */
+  get spec(): LaunchSpec {
+    return { namespace: this.record.namespace, id: this.record.id, ...this.record.launch };
   }
 
   moveTo(event: SandboxEvent): SandboxState {
@@ -217,7 +221,7 @@ export class Controller {
       annotations: { ...request.annotations },
       extensions: encodeExtensions(request.extensions),
     };
-    const sandbox = new Sandbox(record, spec, this.#childLog(namespace, id));
+    const sandbox = new Sandbox(record, this.#childLog(namespace, id));
     // In the table before the write, so a concurrent Create of the same id fails at once
     // and a Start queues behind the write.
     this.#sandboxes.set(key, sandbox);
@@ -483,7 +487,6 @@ export class Controller {
         if (resources.value === undefined) delete next.resources;
         else next.resources = resources.value;
         await this.#backend.updateResources(sandbox.spec, sandbox.running, sandboxLimits(next) ?? {});
-        sandbox.spec = { ...sandbox.spec, pod: next };
         changes.launch = { ...sandbox.record.launch, pod: next };
       }
       await this.#write(sandbox, changes);
@@ -540,8 +543,8 @@ export class Controller {
   async #recoverOne(record: SandboxRecord): Promise<'running' | 'exited' | 'created'> {
     const { namespace, id } = record;
     const log = this.#childLog(namespace, id);
-    const spec: LaunchSpec = { namespace, id, ...record.launch };
-    const sandbox = new Sandbox(record, spec, log);
+    const sandbox = new Sandbox(record, log);
+    const spec = sandbox.spec;
     this.#sandboxes.set(keyOf(namespace, id), sandbox);
     switch (record.state) {
       case 'created':
