@@ -38,13 +38,16 @@ export async function isSameProcess(pid: number, startTime: string): Promise<boo
   return (await processStartTime(pid)) === startTime;
 }
 
+/** Sends `signal` to a process (or, with a negative pid, a group), ignoring one that is gone. */
+export function signalProcess(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+  }
+}
+
 /** Sends `signal` to a process group and its leader, ignoring processes that are gone. */
 export function signalGroup(pid: number, signal: NodeJS.Signals): void {
-  for (const target of [-pid, pid]) {
-    try {
-      process.kill(target, signal);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
-    }
-  }
+  for (const target of [-pid, pid]) signalProcess(target, signal);
 }

@@ -3,7 +3,7 @@ import { readFile, readdir, readlink, unlink } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { ignoreError } from '../errors.js';
-import { isSameProcess, processStartTime } from './proc.js';
+import { isSameProcess, processStartTime, signalProcess } from './proc.js';
 
 /**
  * The runtime shim containerd runs for a pod's containers (containerd-shim-runc-v2 for
@@ -111,13 +111,7 @@ export async function stopPodShims(namespace: string, groupId: string, log: Logg
   const shims = await findPodShims(namespace, groupId);
   for (const shim of shims) {
     log.info({ pid: shim.pid, socket: shim.socket }, 'ending the pod\'s runtime shim');
-    const signal = (sig: NodeJS.Signals): void => {
-      try {
-        process.kill(shim.pid, sig);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
-      }
-    };
+    const signal = (sig: NodeJS.Signals): void => signalProcess(shim.pid, sig);
     signal('SIGTERM');
     const deadline = Date.now() + graceMs;
     while (Date.now() < deadline && (await isSameProcess(shim.pid, shim.startTime))) await sleep(20);
