@@ -5,7 +5,7 @@
  * CreateContainer, StartContainer, then the teardown kubelet does), serially and 4 pods at
  * once, pods per second, and the memory of running pods (PSS of every process of the pod:
  * the sandbox process, its supervisor, the container and the runc shim serving the pod, plus
- * the growth of tsbox itself, and of containerd, per pod).
+ * the change of tsbox's own PSS, and of containerd's, per pod: signed, negative when it shrank).
  *
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--json out.json]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
@@ -128,9 +128,9 @@ async function settle(): Promise<void> {
 interface MemoryFigures {
   /** PSS of the pod's own processes, per pod. */
   readonly podProcessesKiB: number;
-  /** Growth of tsbox's PSS, per pod (0 for podsandbox). */
+  /** Change of tsbox's PSS, per pod, negative when it shrank (0 for podsandbox). */
   readonly tsboxKiB: number;
-  /** Growth of containerd's PSS, per pod. */
+  /** Change of containerd's PSS, per pod, negative when it shrank. */
   readonly containerdKiB: number;
   readonly totalKiB: number;
   readonly processesPerPod: number;
@@ -153,8 +153,9 @@ async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigur
   }
   const after = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
   for (const pod of pods) await removePod(env, pod);
-  const tsboxKiB = handler === TSBOX_HANDLER ? Math.max(0, after.tsbox - before.tsbox) / MEMORY_PODS : 0;
-  const containerdKiB = Math.max(0, after.containerd - before.containerd) / MEMORY_PODS;
+  // Signed: a daemon that shrank while the pods ran (a collection, pages returned) shows as such.
+  const tsboxKiB = handler === TSBOX_HANDLER ? (after.tsbox - before.tsbox) / MEMORY_PODS : 0;
+  const containerdKiB = (after.containerd - before.containerd) / MEMORY_PODS;
   const podProcessesKiB = podKiB / MEMORY_PODS;
   return { podProcessesKiB, tsboxKiB, containerdKiB, totalKiB: podProcessesKiB + tsboxKiB + containerdKiB, processesPerPod: processes / MEMORY_PODS };
 }
@@ -238,6 +239,11 @@ async function main(): Promise<void> {
   }
   rows.push([`${PARALLEL} at once: pods started per second`, med(rate.runc).toFixed(1), med(rate.tsbox).toFixed(1), ratio(med(rate.tsbox), med(rate.runc))]);
   const memMed = (h: Handler, k: keyof MemoryFigures): number => med(memory[h].map((m) => m[k]));
+  /** A daemon's change with its sign (+12, -3, 0); the other figures cannot be negative. */
+  const signed = (x: number): string => {
+    const text = x.toFixed(0);
+    return Number(text) > 0 ? `+${text}` : text === '-0' ? '0' : text;
+  };
   for (const [key, label] of [
     ['totalKiB', `memory per running pod (${SANDBOX_ONLY ? 'no container' : '1 container'}), KiB`],
     ['podProcessesKiB', '  of which the pod\'s processes (PSS), KiB'],
@@ -245,7 +251,8 @@ async function main(): Promise<void> {
     ['containerdKiB', '  of which containerd\'s growth, KiB'],
     ['processesPerPod', 'processes per pod (shim, sandbox, container…)'],
   ] as const) {
-    rows.push([label, memMed('runc', key).toFixed(0), memMed('tsbox', key).toFixed(0), ratio(memMed('tsbox', key), memMed('runc', key))]);
+    const show = key === 'tsboxKiB' || key === 'containerdKiB' ? signed : (x: number): string => x.toFixed(0);
+    rows.push([label, show(memMed('runc', key)), show(memMed('tsbox', key)), ratio(memMed('tsbox', key), memMed('runc', key))]);
   }
   const header = ['figure (through CRI, one run)', 'podsandbox (runc)', 'tsbox', 'tsbox/podsandbox'];
   const table = [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');

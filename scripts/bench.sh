@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # npm run bench: first whole pods through CRI, tsbox against containerd's own podsandbox in
-# one run (the figures a node feels); then, as information, tsbox's control plane against the
-# Go reference server (goref) and tsbox's real-work figures with real processes. Prints the
-# tables and writes JSON files. A benchmark, not a test: nothing passes or fails on a number.
+# one run (the figures a node feels), with one container each (pods.md) and without containers
+# (pods-sandbox-only.md: the sandbox alone); then, as information, tsbox's control plane
+# against the Go reference server (goref) and tsbox's real-work figures with real processes.
+# Prints the tables and writes JSON files. A benchmark, not a test: nothing passes or fails on a number.
 #   PODS_ONLY=1 npm run bench          # only the pods;  PODS=0 npm run bench: all but the pods
 #
 #   npm run bench                       # 3 rounds of 5 s per scenario (~15 min on 2 cores)
@@ -20,8 +21,11 @@ mkdir -p "$out"
 [ -d node_modules/@grpc/grpc-js ] || npm ci --ignore-scripts --no-audit --no-fund >&2
 npm run -s build >&2
 if [ "${PODS:-1}" != 0 ]; then
-  echo "==> pods through CRI: tsbox vs podsandbox, alternating" >&2
+  echo "==> pods with one container through CRI: tsbox vs podsandbox, alternating" >&2
   node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} | tee "$out/pods.md"
+  echo "==> pod sandboxes without containers through CRI: tsbox vs podsandbox, alternating" >&2
+  node dist/bench/pods.js --sandbox-only --json "$out/pods-sandbox-only.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} \
+    | tee "$out/pods-sandbox-only.md"
 fi
 [ -z "${PODS_ONLY:-}" ] || { echo "results: $out" >&2; exit 0; }
 

@@ -9,7 +9,7 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, rmdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import {
   type ControllerMethods,
@@ -23,9 +23,9 @@ import {
   grpc,
   timestampMs,
 } from '../support/containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
+import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from '../support/containerd.js';
 import { cgroupDirsOfNamespace, existingCgroupDirs, killSandboxLeftovers } from '../support/host.js';
-import { KILLED, OCI_SPEC_TYPE, exitOnTrigger } from '../support/crash-invariants.js';
+import { KILLED, OCI_SPEC_TYPE, exitOnTrigger, logRecords } from '../support/crash-invariants.js';
 import { type SandboxerDaemon, processAlive, startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const sandboxerName = 'tsbox';
@@ -230,7 +230,7 @@ describe('restarts of containerd and of tsbox', () => {
       const d = containerd;
       assert.ok(d);
       cri = createCriRuntimeClient(d.address);
-      await criReady(d, cri);
+      await waitForCri(cri, ['RuntimeReady'], () => d.logTail(), 30_000);
       const uid = `uid-restart-${suffix}`;
       const run = await cri.call(
         'RunPodSandbox',
@@ -258,7 +258,7 @@ describe('restarts of containerd and of tsbox', () => {
       assert.notEqual(d.pid, containerdPid, 'a new containerd process');
       cri.close();
       cri = createCriRuntimeClient(d.address);
-      await criReady(d, cri);
+      await waitForCri(cri, ['RuntimeReady'], () => d.logTail(), 30_000);
       const afterRestart = await cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
       assert.equal(afterRestart.status?.state, 'SANDBOX_READY', 'still READY after containerd restarted');
       assert.equal(podPid(afterRestart.info), pid, 'the same process');
@@ -300,7 +300,7 @@ describe('restarts of containerd and of tsbox', () => {
           if (how === 'SIGTERM') {
             // tsbox ended the Wait containerd held with UNAVAILABLE, which containerd retries.
             assert.ok(
-              logRecords(s.logPath).some((r) => r['rpc'] === 'Wait' && r['id'] === id && r['code'] === grpc.status.UNAVAILABLE),
+              logRecords(s).some((r) => r['rpc'] === 'Wait' && r['id'] === id && r['code'] === grpc.status.UNAVAILABLE),
               'the held Wait reached tsbox and was ended as UNAVAILABLE',
             );
           }
@@ -357,36 +357,6 @@ describe('restarts of containerd and of tsbox', () => {
       await removeThroughContainerd(ns, id);
     }));
 });
-
-/** The JSON lines of a log file (pino), parsed; other lines are skipped. */
-function logRecords(file: string): Record<string, unknown>[] {
-  const out: Record<string, unknown>[] = [];
-  for (const line of readFileSync(file, 'utf8').split('\n')) {
-    if (!line.startsWith('{')) continue;
-    try {
-      out.push(JSON.parse(line) as Record<string, unknown>);
-    } catch {
-      // a line torn by SIGKILL
-    }
-  }
-  return out;
-}
-
-/** Waits until CRI says RuntimeReady (it answers before it has initialised). */
-async function criReady(d: Containerd, client: UnaryClient<CriRuntimeMethods>): Promise<void> {
-  await waitFor(
-    async () => {
-      try {
-        const st = await client.call('Status', {}, { timeoutMs: 2_000 });
-        return st.status?.conditions.some((c) => c.type === 'RuntimeReady' && c.status) === true;
-      } catch {
-        // not up yet: the caller polls again
-        return false;
-      }
-    },
-    { what: 'CRI RuntimeReady', timeoutMs: 30_000, describe: () => d.logTail() },
-  );
-}
 
 /** The sandbox pid from CRI's verbose `info["info"]` JSON, when present. */
 function podPid(info: Record<string, string>): number | undefined {
