@@ -11,6 +11,7 @@ import { ConfigError, DEFAULT_CONFIG_FILE, readConfigFile, resolveConfig, type C
 import { bashCompletion } from './cli-completion.js';
 import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from './ops/containerd-client.js';
 import { EXIT_CODE_HELP } from './ops/exit-codes.js';
+import { sandboxerTables } from './ops/install.js';
 import type { RunOptions } from './ops/sandbox-commands.js';
 
 /** Where the operator commands reach containerd. */
@@ -313,16 +314,7 @@ export function parseCommand(argv: readonly string[]): Command {
 /** The config.toml snippet that registers tsbox with containerd 2.x (SPEC.md section 1). */
 export function containerdSnippet(config: Config): string {
   return `# containerd config.toml (version 3) — register tsbox as a sandboxer
-[proxy_plugins.tsbox]
-  type = "sandbox"
-  address = ${JSON.stringify(config.socket)}
-
-# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox; their containers run
-# under containerd's runc shim, in the sandbox's namespaces (SPEC.md section 7).
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]
-  runtime_type = "io.containerd.runc.v2"
-  sandboxer = "tsbox"
-`;
+${sandboxerTables(config, ' (SPEC.md section 7)')}`;
 }
 
 export { ConfigError };

@@ -13,7 +13,7 @@ import { parse as parseToml } from 'smol-toml';
 import type { Config } from '../config.js';
 import { messageOf } from '../errors.js';
 import { EXIT, OperatorError } from './exit-codes.js';
-import type { Output } from './sandbox-commands.js';
+import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** Where install puts things, as the node sees them (below --root in tests). */
 export const UNIT_PATH = '/etc/systemd/system/tsbox.service';
@@ -81,21 +81,30 @@ WantedBy=multi-user.target
 `;
 }
 
+/**
+ * The tables that register tsbox with containerd 2.x (SPEC.md section 1): the sandbox proxy
+ * plugin on tsbox's socket and the CRI runtime handler whose pods run on it. `reference`
+ * ends the comment on the handler (a pointer into SPEC.md, or nothing).
+ */
+export function sandboxerTables(config: Config, reference = ''): string {
+  return `[proxy_plugins.${SANDBOXER}]
+  type = "sandbox"
+  address = ${JSON.stringify(config.socket)}
+
+# Kubernetes pods whose RuntimeClass handler is "${SANDBOXER}" run on tsbox; their containers run
+# under containerd's runc shim, in the sandbox's namespaces${reference}.
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}]
+  runtime_type = "io.containerd.runc.v2"
+  sandboxer = "${SANDBOXER}"
+`;
+}
+
 /** The drop-in containerd imports: tsbox as sandboxer and as CRI runtime handler. */
 export function containerdDropIn(config: Config): string {
   return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
 version = 3
 
-[proxy_plugins.tsbox]
-  type = "sandbox"
-  address = ${JSON.stringify(config.socket)}
-
-# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox; their containers run
-# under containerd's runc shim, in the sandbox's namespaces.
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]
-  runtime_type = "io.containerd.runc.v2"
-  sandboxer = "tsbox"
-`;
+${sandboxerTables(config)}`;
 }
 
 /** The config install creates when containerd has none. */
