@@ -53,9 +53,6 @@ export class UsageError extends Error {
   override readonly name = 'UsageError';
 }
 
-/** containerd's own config file, which doctor reads and install extends. */
-export const DEFAULT_CONTAINERD_CONFIG = '/etc/containerd/config.toml';
-
 /** Every daemon setting as a flag; the camelCase name of each is its Config key. */
 function addDaemonOptions(cmd: Program): Program {
   return cmd
@@ -145,7 +142,7 @@ function label(value: string, previous: Record<string, string> = {}): Record<str
  * Builds the program. `done` receives the parsed command; actions are synchronous, so
  * `parse` has returned it by the time it ends.
  */
-export function buildProgram(done: (command: Command) => void): Program {
+function buildProgram(done: (command: Command) => void): Program {
   const program = new Program('tsbox')
     .description('tsbox: a sandboxer for containerd 2.x')
     .exitOverride()
