@@ -11,6 +11,7 @@ import { ConfigError, DEFAULT_CONFIG_FILE, readConfigFile, resolveConfig, type C
 import { bashCompletion } from './cli-completion.js';
 import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from './ops/containerd-client.js';
 import { EXIT_CODE_HELP } from './ops/exit-codes.js';
+import { sandboxerTables } from './ops/install.js';
 import type { RunOptions } from './ops/sandbox-commands.js';
 
 /** Where the operator commands reach containerd. */
@@ -51,9 +52,6 @@ export type Command =
 export class UsageError extends Error {
   override readonly name = 'UsageError';
 }
-
-/** containerd's own config file, which doctor reads and install extends. */
-export const DEFAULT_CONTAINERD_CONFIG = '/etc/containerd/config.toml';
 
 /** Every daemon setting as a flag; the camelCase name of each is its Config key. */
 function addDaemonOptions(cmd: Program): Program {
@@ -144,7 +142,7 @@ function label(value: string, previous: Record<string, string> = {}): Record<str
  * Builds the program. `done` receives the parsed command; actions are synchronous, so
  * `parse` has returned it by the time it ends.
  */
-export function buildProgram(done: (command: Command) => void): Program {
+function buildProgram(done: (command: Command) => void): Program {
   const program = new Program('tsbox')
     .description('tsbox: a sandboxer for containerd 2.x')
     .exitOverride()
@@ -313,16 +311,7 @@ export function parseCommand(argv: readonly string[]): Command {
 /** The config.toml snippet that registers tsbox with containerd 2.x (SPEC.md section 1). */
 export function containerdSnippet(config: Config): string {
   return `# containerd config.toml (version 3) — register tsbox as a sandboxer
-[proxy_plugins.tsbox]
-  type = "sandbox"
-  address = ${JSON.stringify(config.socket)}
-
-# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox; their containers run
-# under containerd's runc shim, in the sandbox's namespaces (SPEC.md section 7).
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]
-  runtime_type = "io.containerd.runc.v2"
-  sandboxer = "tsbox"
-`;
+${sandboxerTables(config, ' (SPEC.md section 7)')}`;
 }
 
 export { ConfigError };

@@ -86,7 +86,7 @@ export function readContainerdConfig(path: string): ContainerdConfigFiles {
 }
 
 /** The CRI runtimes tables of a config (version 3 and version 2 keys). */
-export function criRuntimes(toml: Toml): Toml[] {
+function criRuntimes(toml: Toml): Toml[] {
   const plugins = table(toml['plugins']);
   const out: Toml[] = [];
   for (const key of ['io.containerd.cri.v1.runtime', 'io.containerd.grpc.v1.cri']) {

@@ -102,31 +102,34 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
   if (config.backend === 'process') checkContainerShims(config, logger);
-  // Before recovery, so /healthz answers and /readyz says 503 while tsbox recovers.
-  const metrics = createMetrics();
+  // Metrics are kept only when an endpoint serves them; otherwise no call or record save
+  // pays for them. Before recovery, so /healthz answers and /readyz says 503 while tsbox
+  // recovers.
+  const metrics = config.metricsAddress !== '' ? createMetrics() : undefined;
   let metricsServer: MetricsServer | undefined;
-  if (config.metricsAddress !== '') metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
-  const backend = instrumentBackend(await createBackend(config, logger), metrics);
+  if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
+  const rawBackend = await createBackend(config, logger);
+  const backend = metrics !== undefined ? instrumentBackend(rawBackend, metrics) : rawBackend;
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.
   const store = new FileRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,
-    store: instrumentStore(store, metrics),
+    store: metrics !== undefined ? instrumentStore(store, metrics) : store,
     logger: logger.child({ component: 'controller' }),
     platform: hostPlatform(),
     stateDir: config.stateDir,
   });
   const summary = await controller.recover(config.recoveryConcurrency);
-  metrics.recoveryDone(summary);
+  metrics?.recoveryDone(summary);
   logger.info(summary, 'recovery done');
   const server = createServer({
     controller,
     logger,
     socketPath: config.socket,
     socketMode: config.socketMode,
-    rpcDone: (method, code, seconds) => metrics.rpcDone(method, code, seconds),
+    ...(metrics !== undefined && { rpcDone: (method: string, code: number, seconds: number) => metrics.rpcDone(method, code, seconds) }),
   });
   try {
     await server.listen();
@@ -136,12 +139,12 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
     await metricsServer?.close();
     throw err;
   }
-  metrics.setReady(true);
+  metrics?.setReady(true);
   // Recovery is done and the socket is bound: the health service says SERVING from now on.
   server.setServing(true);
   return {
     async stop() {
-      metrics.setReady(false);
+      metrics?.setReady(false);
       await server.close(config.shutdownDrainMs);
       controller.close();
       await store.close();

@@ -3,12 +3,13 @@
  * `/healthz` (200 while the process runs its event loop), `/readyz` (200 only while tsbox
  * serves: after recovery, before shutdown; 503 otherwise). On `HOST:PORT` or a unix socket.
  */
-import { lstatSync, unlinkSync } from 'node:fs';
+import { lstat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
-import { connect } from 'node:net';
 import type { Logger } from 'pino';
 import { parseListenAddress } from './config.js';
+import { TsboxError } from './errors.js';
 import type { DaemonMetrics } from './metrics.js';
+import { prepareSocketPath } from './transport/socket.js';
 
 /** A running metrics endpoint. */
 export interface MetricsServer {
@@ -22,15 +23,14 @@ export class MetricsAddressError extends Error {
   override readonly name = 'MetricsAddressError';
 }
 
-function socketAnswers(path: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = connect(path);
-    s.once('connect', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => resolve(false));
-  });
+/** Whether a socket file is at `path` (anything else, or nothing, is left to listen()). */
+async function isSocketFile(path: string): Promise<boolean> {
+  try {
+    return (await lstat(path)).isSocket();
+  } catch {
+    // nothing there: listen() creates it
+    return false;
+  }
 }
 
 /** Starts the endpoint; rejects with a MetricsAddressError naming the address when it is taken. */
@@ -60,17 +60,13 @@ export async function startMetricsServer(address: string, metrics: DaemonMetrics
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found: /metrics, /healthz, /readyz\n');
     }
   });
-  if (listen.kind === 'unix') {
-    // A socket file left by a crash is replaced; a live one is another server's.
-    let stale = false;
+  // A socket file left by a crash is replaced; a live one is another server's.
+  if (listen.kind === 'unix' && (await isSocketFile(listen.path))) {
     try {
-      stale = lstatSync(listen.path).isSocket();
-    } catch {
-      // nothing there
-    }
-    if (stale) {
-      if (await socketAnswers(listen.path)) throw new MetricsAddressError(`metrics address ${address} is in use: another server answers on it; stop it or pick another metrics_address`);
-      unlinkSync(listen.path);
+      await prepareSocketPath(listen.path);
+    } catch (err) {
+      if (err instanceof TsboxError) throw new MetricsAddressError(`metrics address ${address} is in use: another server answers on it; stop it or pick another metrics_address`);
+      throw err;
     }
   }
   await new Promise<void>((resolve, reject) => {

@@ -13,7 +13,7 @@ import type { ExitInfo, LaunchSpec, RecordStore, RunningSandbox, RuntimeBackend,
 /** gRPC status code names, for the `code` label (the numbers are the protocol's). */
 
 /** The class of an exit status: 0, an error code, 128+signal, or 255 (unknown, SPEC.md section 6). */
-export function exitClass(status: number): 'success' | 'error' | 'signal' | 'unknown' {
+function exitClass(status: number): 'success' | 'error' | 'signal' | 'unknown' {
   if (status === 0) return 'success';
   if (status === 255) return 'unknown';
   if (status > 128) return 'signal';

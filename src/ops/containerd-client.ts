@@ -24,7 +24,7 @@ const CHANNEL_OPTIONS: grpc.ClientOptions = {
 };
 
 /** Deadline of a call that should answer at once (every call but Wait and Stop). */
-export const QUICK_CALL_MS = 15_000;
+const QUICK_CALL_MS = 15_000;
 
 /** Which side of containerd a call went to: its own store, or the sandboxer behind it. */
 export type CallTarget = 'store' | 'controller';
@@ -107,7 +107,7 @@ export function connectContainerd(address: string, namespace: string): Container
 }
 
 /** The socket path of a containerd address (`unix:///x`, `unix:/x` or `/x`). */
-export function socketPathOf(address: string): string {
+function socketPathOf(address: string): string {
   return resolve(address.replace(/^unix:(\/\/)?/, ''));
 }
 

@@ -38,7 +38,7 @@ const pass = (what: string): Finding => ({ ok: true, what });
 const fail = (what: string, fix: string): Finding => ({ ok: false, what, fix });
 
 /** Parses `containerd --version`: "containerd github.com/containerd/containerd/v2 2.1.9+ds1" → [2, 1, 9]. */
-export function parseContainerdVersion(text: string): [number, number, number] | undefined {
+function parseContainerdVersion(text: string): [number, number, number] | undefined {
   const match = /\bv?(\d+)\.(\d+)\.(\d+)/.exec(text.split(/\s+/).slice(2).join(' ') || text);
   if (match === null) return undefined;
   return [Number(match[1]), Number(match[2]), Number(match[3])];
@@ -47,7 +47,7 @@ export function parseContainerdVersion(text: string): [number, number, number] |
 const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Toml) : undefined);
 
 /** Checks of containerd's config: the proxy plugin and the CRI handler. */
-export function checkContainerdConfig(path: string, config: Config, binPath?: string): Finding[] {
+function checkContainerdConfig(path: string, config: Config, binPath?: string): Finding[] {
   if (!existsSync(path)) {
     return [fail(`containerd config ${path} does not exist`, `run "tsbox install" (it creates one that imports tsbox's drop-in), or pass --containerd-config`)];
   }
@@ -149,7 +149,7 @@ async function checkContainerd(address: string, binPath?: string): Promise<Findi
 }
 
 /** cgroup version and the controllers tsbox uses (memory, cpu, pids). */
-export function checkCgroups(_config: Config): Finding[] {
+function checkCgroups(_config: Config): Finding[] {
   let mounts: string[][];
   try {
     mounts = readFileSync('/proc/self/mounts', 'utf8').split('\n').filter(Boolean).map((l) => l.split(' '));

@@ -3,49 +3,44 @@
  * and the README list them from here. `sandbox wait` exits with the sandbox's own status
  * instead when it succeeds (and prints it); an error there prints nothing on stdout.
  */
-export const EXIT = {
+const EXIT_TABLE = {
   /** Done. */
-  ok: 0,
+  ok: { code: 0, help: "done (sandbox wait: the sandbox's exit status, also printed)" },
   /** An unexpected failure (a bug, or an answer tsbox cannot classify); the message says what. */
-  failure: 1,
+  failure: { code: 1, help: 'unexpected failure' },
   /** The command line or the configuration is wrong. */
-  usage: 2,
+  usage: { code: 2, help: 'bad command line or configuration' },
   /** containerd does not answer at --address. */
-  containerdDown: 3,
+  containerdDown: { code: 3, help: 'containerd is not running at --address' },
   /** containerd answers, but has no sandboxer named "tsbox" (no proxy plugin in its config). */
-  notRegistered: 4,
+  notRegistered: { code: 4, help: "tsbox is not registered as a sandboxer in containerd's config" },
   /** containerd knows the tsbox sandboxer but cannot reach tsbox on its socket. */
-  tsboxDown: 5,
+  tsboxDown: { code: 5, help: 'containerd cannot reach tsbox (tsbox not running on its socket)' },
   /** No sandbox with that id in that namespace, in containerd or in tsbox. */
-  notFound: 6,
+  notFound: { code: 6, help: 'no such sandbox' },
   /** containerd and tsbox disagree: the id is known to one of them only. */
-  mismatch: 7,
+  mismatch: { code: 7, help: 'containerd and tsbox disagree about the sandbox (known to one only)' },
   /** A sandbox with that id exists already. */
-  exists: 8,
+  exists: { code: 8, help: 'the sandbox exists already' },
   /** The sandbox is not in a state that allows it (e.g. `rm` of a sandbox owned by another sandboxer). */
-  badState: 9,
+  badState: { code: 9, help: 'the sandbox is not in a state that allows the command' },
   /** `tsbox doctor` found a problem. */
-  unhealthy: 10,
+  unhealthy: { code: 10, help: 'tsbox doctor found problems' },
   /** `tsbox install` refused to change a file it cannot safely merge. */
-  refused: 11,
+  refused: { code: 11, help: 'tsbox install refused to change a file' },
 } as const;
+
+type ExitTable = typeof EXIT_TABLE;
+
+/** Each exit code by name. */
+export const EXIT = Object.fromEntries(Object.entries(EXIT_TABLE).map(([name, { code }]) => [name, code])) as {
+  readonly [K in keyof ExitTable]: ExitTable[K]['code'];
+};
 
 export type ExitCode = (typeof EXIT)[keyof typeof EXIT];
 
 /** The table for `--help` and the README. */
-export const EXIT_CODE_HELP = `Exit codes:
-  0   done (sandbox wait: the sandbox's exit status, also printed)
-  1   unexpected failure
-  2   bad command line or configuration
-  3   containerd is not running at --address
-  4   tsbox is not registered as a sandboxer in containerd's config
-  5   containerd cannot reach tsbox (tsbox not running on its socket)
-  6   no such sandbox
-  7   containerd and tsbox disagree about the sandbox (known to one only)
-  8   the sandbox exists already
-  9   the sandbox is not in a state that allows the command
-  10  tsbox doctor found problems
-  11  tsbox install refused to change a file`;
+export const EXIT_CODE_HELP = ['Exit codes:', ...Object.values(EXIT_TABLE).map(({ code, help }) => `  ${String(code).padEnd(4)}${help}`)].join('\n');
 
 /** An error the operator can act on: what failed, how to fix it, and the exit code. */
 export class OperatorError extends Error {

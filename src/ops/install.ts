@@ -13,11 +13,11 @@ import { parse as parseToml } from 'smol-toml';
 import type { Config } from '../config.js';
 import { messageOf } from '../errors.js';
 import { EXIT, OperatorError } from './exit-codes.js';
-import type { Output } from './sandbox-commands.js';
+import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** Where install puts things, as the node sees them (below --root in tests). */
-export const UNIT_PATH = '/etc/systemd/system/tsbox.service';
-export const DROP_IN_PATH = '/etc/containerd/conf.d/tsbox.toml';
+const UNIT_PATH = '/etc/systemd/system/tsbox.service';
+const DROP_IN_PATH = '/etc/containerd/conf.d/tsbox.toml';
 
 /** What install and uninstall need. */
 export interface InstallOptions {
@@ -32,7 +32,7 @@ export interface InstallOptions {
 }
 
 /** The command line that runs this tsbox: the release's launcher, or node and main.js. */
-export function defaultExec(): string {
+function defaultExec(): string {
   const launcher = process.env['TSBOX_LAUNCHER'];
   if (launcher !== undefined && launcher !== '') return launcher;
   return `${process.execPath} ${process.argv[1] ?? ''}`;
@@ -51,7 +51,7 @@ function execWord(word: string): string {
  * accepts a connection) makes systemd call the unit started exactly when tsbox serves; with
  * `Type=exec` no notify library is needed.
  */
-export function systemdUnit(exec: string, config: Config): string {
+function systemdUnit(exec: string, config: Config): string {
   const serve = [...exec.split(' '), 'serve', '--socket', config.socket, '--state-dir', config.stateDir, '--log-format', 'json'].map(execWord).join(' ');
   const ready = [...exec.split(' '), 'ready', '--socket', config.socket, '--timeout', '600'].map(execWord).join(' ');
   return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
@@ -81,21 +81,30 @@ WantedBy=multi-user.target
 `;
 }
 
-/** The drop-in containerd imports: tsbox as sandboxer and as CRI runtime handler. */
-export function containerdDropIn(config: Config): string {
-  return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
-version = 3
-
-[proxy_plugins.tsbox]
+/**
+ * The tables that register tsbox with containerd 2.x (SPEC.md section 1): the sandbox proxy
+ * plugin on tsbox's socket and the CRI runtime handler whose pods run on it. `reference`
+ * ends the comment on the handler (a pointer into SPEC.md, or nothing).
+ */
+export function sandboxerTables(config: Config, reference = ''): string {
+  return `[proxy_plugins.${SANDBOXER}]
   type = "sandbox"
   address = ${JSON.stringify(config.socket)}
 
-# Kubernetes pods whose RuntimeClass handler is "tsbox" run on tsbox; their containers run
-# under containerd's runc shim, in the sandbox's namespaces.
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]
+# Kubernetes pods whose RuntimeClass handler is "${SANDBOXER}" run on tsbox; their containers run
+# under containerd's runc shim, in the sandbox's namespaces${reference}.
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}]
   runtime_type = "io.containerd.runc.v2"
-  sandboxer = "tsbox"
+  sandboxer = "${SANDBOXER}"
 `;
+}
+
+/** The drop-in containerd imports: tsbox as sandboxer and as CRI runtime handler. */
+function containerdDropIn(config: Config): string {
+  return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
+version = 3
+
+${sandboxerTables(config)}`;
 }
 
 /** The config install creates when containerd has none. */

@@ -24,7 +24,7 @@ import { EXIT, OperatorError } from './exit-codes.js';
 /** The sandboxer name and proxy plugin id tsbox is registered under (SPEC.md section 1). */
 export const SANDBOXER = 'tsbox';
 /** containerd needs a runtime on every record (SPEC.md section 5); this one names tsbox. */
-export const RUNTIME_NAME = 'io.containerd.tsbox.v1';
+const RUNTIME_NAME = 'io.containerd.tsbox.v1';
 const OCI_SPEC_TYPE = 'types.containerd.io/opencontainers/runtime-spec/1/Spec';
 
 /**
@@ -59,7 +59,7 @@ interface Located {
 }
 
 /** Turns a failed call into what the operator must do about it. */
-export function explain(err: unknown, c: { address: string; namespace: string }): unknown {
+function explain(err: unknown, c: { address: string; namespace: string }): unknown {
   if (!(err instanceof ContainerdCallError)) return err;
   const { address } = c;
   if (err.target === 'store' && (err.code === grpc.status.UNAVAILABLE || err.code === grpc.status.DEADLINE_EXCEEDED)) {
@@ -265,7 +265,7 @@ export async function runSandbox(ctx: SandboxContext, options: RunOptions): Prom
 }
 
 /** One row of `sandbox ls`. */
-export interface SandboxRow {
+interface SandboxRow {
   readonly id: string;
   readonly namespace: string;
   /** SANDBOX_READY, SANDBOX_NOTREADY, SANDBOX_UNKNOWN, or MISSING when tsbox does not know it. */

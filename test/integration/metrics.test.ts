@@ -2,14 +2,19 @@
  * The metrics endpoint of a real tsbox daemon (`serve --metrics-address`): /healthz,
  * /readyz and /metrics with the sandbox counters moving as a sandbox starts and is stopped;
  * a metrics address in use stops tsbox from starting, saying so. And the log formats: JSON
- * lines by default, readable lines with --log-format pretty.
+ * lines by default, readable lines with --log-format pretty. On a unix socket path, a socket
+ * file left by a crash is replaced and a live one is refused.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { lstatSync, readFileSync } from 'node:fs';
 import { get } from 'node:http';
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import path from 'node:path';
+import pino from 'pino';
+import { createMetrics } from '../../src/metrics.js';
+import { MetricsAddressError, startMetricsServer } from '../../src/metrics-server.js';
 import { createSandboxClients } from '../support/containerd-clients.js';
 import { runCommand } from '../support/containerd.js';
 import { type SandboxerDaemon, makeTempDir, removeTree, startSandboxerDaemon, tsboxMain, waitFor } from '../support/tsbox-daemon.js';
@@ -141,6 +146,47 @@ describe('metrics address in use, and pretty logs', () => {
       assert.match(first, /^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\] INFO: tsbox starting/);
     } finally {
       await d.teardown();
+    }
+  });
+});
+
+describe('metrics endpoint on a unix socket path', () => {
+  let dir = '';
+  const logger = pino({ level: 'silent' });
+  before(async () => {
+    dir = await makeTempDir('metrics-unix-');
+  });
+  after(async () => {
+    await removeTree(dir);
+  });
+
+  test('a socket file nobody answers on is replaced', async () => {
+    const socketPath = path.join(dir, 'stale.sock');
+    // A server killed without removing its socket file.
+    const killed = spawnSync(process.execPath, ['-e', `require('node:net').createServer().listen(${JSON.stringify(socketPath)}, () => process.kill(process.pid, 'SIGKILL'))`]);
+    assert.equal(killed.signal, 'SIGKILL');
+    assert.ok(lstatSync(socketPath).isSocket());
+    const server = await startMetricsServer(socketPath, createMetrics(), logger);
+    try {
+      const r = await httpGet(socketPath, '/healthz');
+      assert.equal(r.status, 200);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('a socket another server answers on is refused, naming the address', async () => {
+    const socketPath = path.join(dir, 'live.sock');
+    const live = createServer((c) => c.destroy());
+    await new Promise<void>((resolve) => live.listen(socketPath, resolve));
+    try {
+      await assert.rejects(startMetricsServer(socketPath, createMetrics(), logger), (err: unknown) => {
+        assert.ok(err instanceof MetricsAddressError);
+        assert.equal(err.message, `metrics address ${socketPath} is in use: another server answers on it; stop it or pick another metrics_address`);
+        return true;
+      });
+    } finally {
+      await new Promise<void>((resolve) => live.close(() => resolve()));
     }
   });
 });
