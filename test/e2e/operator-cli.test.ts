@@ -158,6 +158,18 @@ describe('tsbox sandbox … through a real containerd', () => {
     await ok('rm', ['--force', 'orphan-record']);
     assert.doesNotMatch((await d.ctr(['sandboxes', 'ls'], { namespace: ns })).stdout, /orphan-record/);
 
+    // Another sandboxer's sandbox: refused with exit 9, and left as it was.
+    const theirs = createSandboxClients(d.address, ns);
+    try {
+      await theirs.store.call('Create', { sandbox: { ...record, sandbox_id: 'not-ours', sandboxer: 'podsandbox' } });
+      await fails('inspect', ['not-ours'], EXIT.badState, /belongs to sandboxer "podsandbox", not tsbox/);
+      await fails('rm', ['not-ours'], EXIT.badState, /belongs to sandboxer "podsandbox"/);
+      assert.match((await d.ctr(['sandboxes', 'ls'], { namespace: ns })).stdout, /not-ours/, 'rm left it alone');
+    } finally {
+      await theirs.store.call('Delete', { sandbox_id: 'not-ours' });
+      theirs.close();
+    }
+
     // In tsbox only: made on tsbox's own socket, never recorded in containerd.
     const direct = createSandboxClients(s.socketPath, ns);
     let pid: number;
