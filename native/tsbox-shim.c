@@ -361,12 +361,21 @@ int main(int argc, char **argv) {
   dup2(devnull, STDERR_FILENO);
   if (devnull > STDERR_FILENO) close(devnull);
 
+  /* The exit time is taken while the child is still a zombie (WNOWAIT), before it is reaped:
+     it is never later than the moment the process is gone from /proc. */
+  siginfo_t exited;
+  int w;
+  do w = waitid(P_PID, (id_t)child, &exited, WEXITED | WNOWAIT);
+  while (w < 0 && errno == EINTR);
+  /* waitid cannot fail for our own child: if it did, the time is taken after the reap. A
+     failed clock (it cannot fail either) leaves the epoch. */
+  struct timespec now = {0, 0};
+  if (w == 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
   int status;
   pid_t r;
   do r = waitpid(child, &status, 0);
   while (r < 0 && errno == EINTR);
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
+  if (w < 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
   int code = 255;
   if (r == child && WIFEXITED(status)) code = WEXITSTATUS(status);
   else if (r == child && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
