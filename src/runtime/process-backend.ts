@@ -22,7 +22,7 @@ import type { StateLayout } from '../state/layout.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
-import { shimSocketPath, stopPodShims } from './task-shim.js';
+import { removeStaleShimSockets, shimSocketPath, stopPodShims } from './task-shim.js';
 
 /** What the process backend records to find a sandbox again: pids with their start times. */
 const handleSchema = z.object({
@@ -333,6 +333,7 @@ export class ProcessBackend implements RuntimeBackend {
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
     await stopPodShims(spec.namespace, spec.id, log);
+    await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
     await podFiles?.remove(spec.id);
   }
 

@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto';
-import { readFile, readdir, readlink, unlink } from 'node:fs/promises';
+import { lstat, readFile, readdir, readlink, unlink } from 'node:fs/promises';
+import { createConnection } from 'node:net';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
-import { ignoreError } from '../errors.js';
 import { isSameProcess, processStartTime, signalProcess } from './proc.js';
 
 /**
@@ -16,10 +16,12 @@ import { isSameProcess, processStartTime, signalProcess } from './proc.js';
 
 /**
  * `/run/containerd/s/<sha256 of "<address>/<namespace>/<group id>">`: the socket the runc shim
- * serves a pod on. The directory is containerd's compiled-in state dir, whatever its config says.
+ * serves a pod on (`-debug`: `…/<group id>/debug`, when containerd logs at debug level). The
+ * directory is containerd's compiled-in state dir (`pkg/shim` socketRoot), whatever its config
+ * says.
  */
-export function shimSocketPath(containerdAddress: string, namespace: string, groupId: string): string {
-  const key = join(containerdAddress, namespace, groupId);
+export function shimSocketPath(containerdAddress: string, namespace: string, groupId: string, debug = false): string {
+  const key = join(containerdAddress, namespace, groupId, ...(debug ? ['debug'] : []));
   return `/run/containerd/s/${createHash('sha256').update(key).digest('hex')}`;
 }
 
@@ -120,9 +122,80 @@ export async function stopPodShims(namespace: string, groupId: string, log: Logg
       signal('SIGKILL');
       for (let i = 0; i < 250 && (await isSameProcess(shim.pid, shim.startTime)); i++) await sleep(20);
     }
-    if (!(await unixSocketInodes()).has(shim.socket)) {
-      await unlink(shim.socket).catch(ignoreError('the shim removed it itself, as it does on SIGTERM'));
-    }
   }
   return shims.length;
+}
+
+/** How connecting to a unix socket file went: someone listens, no one does, or no socket is there. */
+function probeUnixSocket(path: string): Promise<'listening' | 'refused' | 'absent' | 'retry'> {
+  return new Promise((resolve, reject) => {
+    const conn = createConnection({ path });
+    conn.once('connect', () => {
+      conn.destroy();
+      resolve('listening');
+    });
+    conn.once('error', (err: NodeJS.ErrnoException) => {
+      conn.destroy();
+      if (err.code === 'ECONNREFUSED') resolve('refused');
+      else if (err.code === 'ENOENT') resolve('absent');
+      // A listener closing or a full backlog: the answer is not final yet.
+      else if (err.code === 'ECONNRESET' || err.code === 'EAGAIN') resolve('retry');
+      else reject(err);
+    });
+  });
+}
+
+/**
+ * Removes a unix socket file once no process listens on it: only when connecting is refused,
+ * so a socket someone still serves is never touched. A reset connection (a listener closing)
+ * is tried again every 20 ms for up to `timeoutMs`. Returns what it found.
+ */
+export async function removeStaleSocket(socket: string, log: Logger, timeoutMs = 5_000): Promise<'removed' | 'absent' | 'served' | 'kept'> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    let answer;
+    try {
+      if (!(await lstat(socket)).isSocket()) {
+        log.warn({ file: socket }, 'expected a unix socket here, found another kind of file: left as it is');
+        return 'kept';
+      }
+      answer = await probeUnixSocket(socket);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 'absent';
+      log.warn({ file: socket, err }, 'cannot tell whether a process serves this socket: left as it is');
+      return 'kept';
+    }
+    if (answer === 'absent' || answer === 'listening') return answer === 'absent' ? 'absent' : 'served';
+    if (answer === 'refused') {
+      try {
+        await unlink(socket);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 'absent';
+        log.warn({ file: socket, err }, 'cannot remove a socket no process serves');
+        return 'kept';
+      }
+      return 'removed';
+    }
+    if (Date.now() >= deadline) {
+      log.warn({ file: socket, timeoutMs }, 'connections to this socket keep being reset: left as it is');
+      return 'kept';
+    }
+    await sleep(20);
+  }
+}
+
+/**
+ * Removes the pod's shim sockets (and its debug socket) that no process serves any more.
+ * containerd's runc shim leaves them: when it exits it removes the socket derived from its own
+ * `-id` (the pod's first container) or named in that container's bundle, which containerd
+ * deleted with the container, not the one it served the pod on, named after the pod's id
+ * (containerd 2.1's `pkg/shim` cleanupSockets).
+ */
+export async function removeStaleShimSockets(containerdAddress: string, namespace: string, groupId: string, log: Logger): Promise<void> {
+  for (const debug of [false, true]) {
+    const socket = shimSocketPath(containerdAddress, namespace, groupId, debug);
+    const outcome = await removeStaleSocket(socket, log);
+    if (outcome === 'removed') log.debug({ file: socket }, 'removed the pod\'s shim socket that no process serves');
+    else if (outcome === 'served') log.warn({ file: socket }, 'a process still serves the pod\'s shim socket after its shim was ended: left as it is');
+  }
 }
