@@ -9,6 +9,7 @@ import { resolve } from 'node:path';
 import { Command as Program, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { ConfigError, DEFAULT_CONFIG_FILE, readConfigFile, resolveConfig, type Config, type ConfigInput } from './config.js';
 import { bashCompletion } from './cli-completion.js';
+import { withContainerdPaths } from './containerd-paths.js';
 import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from './ops/containerd-client.js';
 import { EXIT_CODE_HELP } from './ops/exit-codes.js';
 import { sandboxerTables } from './ops/install.js';
@@ -39,7 +40,7 @@ export type Command =
   | { readonly kind: 'completion'; readonly text: string }
   | { readonly kind: 'sandbox'; readonly config: Config; readonly target: ClientTarget; readonly action: SandboxAction }
   | { readonly kind: 'ready'; readonly config: Config; readonly timeoutSeconds: number }
-  | { readonly kind: 'doctor'; readonly config: Config; readonly address: string; readonly containerdConfig: string }
+  | { readonly kind: 'doctor'; readonly config: Config; readonly address: string | undefined; readonly containerdConfig: string }
   | {
       readonly kind: 'install' | 'uninstall';
       readonly config: Config;
@@ -65,10 +66,10 @@ function addDaemonOptions(cmd: Program): Program {
     .option('--backend <name>', 'process (default) | noop (runs nothing; benchmarks only)')
     .option('--namespaces <bool>', 'own pid/ipc/uts/mount namespaces per sandbox (root: true)')
     .option('--cgroup-parent <path>', 'parent cgroup of sandboxes that are not Kubernetes pods (tsbox)')
-    .option('--containerd-address <path>', "containerd's socket, after which its runc shim names a pod's task socket (/run/containerd/containerd.sock)")
-    .option('--containerd-root <dir>', "containerd's root directory: CRI reads pods' hostname, hosts and resolv.conf below it (/var/lib/containerd)")
-    .option('--containerd-state <dir>', "containerd's state directory: CRI mounts pods' /dev/shm from below it (/run/containerd)")
-    .option('--containerd-config <file>', "containerd's config, whose CRI handlers that use tsbox are checked at start-up (/etc/containerd/config.toml)")
+    .option('--containerd-config <file>', "containerd's config: tsbox takes containerd's root, state and socket from it (and its imports) and checks its CRI handlers (/etc/containerd/config.toml)")
+    .option('--containerd-address <path>', "containerd's socket, after which its runc shim names a pod's task socket (default: [grpc] address in containerd's config; must agree with it)")
+    .option('--containerd-root <dir>', "containerd's root directory: CRI reads pods' hostname, hosts and resolv.conf below it (default: root in containerd's config; must agree)")
+    .option('--containerd-state <dir>', "containerd's state directory: CRI mounts pods' /dev/shm from below it (default: state in containerd's config; must agree)")
     .option('--start-timeout-ms <n>', 'how long a sandbox may take to start before Start fails (10000)')
     .option('--shutdown-drain-ms <n>', 'drain time on SIGTERM before connections close (5000)')
     .option('--recovery-concurrency <n>', 'sandboxes recovered at once at start-up (32)')
@@ -150,7 +151,7 @@ function buildProgram(done: (command: Command) => void): Program {
     .addHelpText('after', `\n${EXIT_CODE_HELP}\n`);
 
   addDaemonOptions(program.command('serve').description('serve the Sandbox Controller API on a unix socket')).action((opts: Record<string, unknown>) =>
-    done({ kind: 'serve', config: configFrom(opts) }),
+    done({ kind: 'serve', config: withContainerdPaths(configFrom(opts)) }),
   );
 
   const config = program.command('config').description("print tsbox's configuration, or the containerd config that registers it");
@@ -158,7 +159,7 @@ function buildProgram(done: (command: Command) => void): Program {
     done({ kind: 'containerd-snippet', config: configFrom(opts) }),
   );
   addDaemonOptions(config.command('show').description('print the effective configuration as JSON')).action((opts: Record<string, unknown>) =>
-    done({ kind: 'show-config', config: configFrom(opts) }),
+    done({ kind: 'show-config', config: withContainerdPaths(configFrom(opts)) }),
   );
 
   const sandbox = program
@@ -232,10 +233,11 @@ function buildProgram(done: (command: Command) => void): Program {
     program
       .command('doctor')
       .description('check this node: containerd, its config for tsbox, the CRI handler, cgroups, runc, permissions')
-      .option('--address <path>', "containerd's socket", DEFAULT_CONTAINERD_ADDRESS),
+      .option('--address <path>', "containerd's socket (default: the one containerd's config names)"),
   ).action((opts: Record<string, unknown>) => {
     const config = configFrom(opts);
-    done({ kind: 'doctor', config, address: resolve(String(opts['address'])), containerdConfig: config.containerdConfig });
+    const address = typeof opts['address'] === 'string' ? resolve(opts['address']) : undefined;
+    done({ kind: 'doctor', config, address, containerdConfig: config.containerdConfig });
   });
 
   for (const kind of ['install', 'uninstall'] as const) {

@@ -31,10 +31,11 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     shimPath: join(packageRoot, 'dist', 'bin', 'tsbox-shim'),
     namespaces: root,
     cgroupParent: 'tsbox',
-    containerdAddress: '/run/containerd/containerd.sock',
-    containerdRoot: '/var/lib/containerd',
-    containerdState: '/run/containerd',
-    containerdConfig: '/etc/containerd/config.toml',
+    // Empty: as containerd's config says (src/containerd-paths.ts).
+    containerdAddress: '',
+    containerdRoot: '',
+    containerdState: '',
+    containerdConfig: DEFAULT_CONTAINERD_CONFIG,
     startTimeoutMs: 10_000,
     shutdownDrainMs: 5000,
     recoveryConcurrency: 32,
@@ -43,10 +44,15 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
   };
 }
 
+/** containerd's config file when none is named (containerd's own default). */
+export const DEFAULT_CONTAINERD_CONFIG = '/etc/containerd/config.toml';
+
 /** The system-wide file read when no --config is given, if it exists. */
 export const DEFAULT_CONFIG_FILE = '/etc/tsbox/config.toml';
 
 const absolutePath = z.string().min(1).refine(isAbsolute, 'must be an absolute path');
+/** An absolute path, or empty for "as containerd's config says". */
+const containerdPath = z.string().refine((p) => p === '' || isAbsolute(p), 'must be an absolute path (or empty: as containerd\'s config says)');
 const mode = z.preprocess(
   (v) => (typeof v === 'string' && /^0?[0-7]{3}$/.test(v) ? parseInt(v, 8) : v),
   z.number({ error: 'must be an octal mode such as "0660"' }).int().min(0).max(0o777),
@@ -94,13 +100,19 @@ const schema = z
     namespaces: boolFlag,
     /** Parent cgroup of the cgroups of sandboxes that are not Kubernetes pods. */
     cgroupParent: z.string().regex(/^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/, 'must be a relative cgroup path'),
-    /** containerd's socket: its runtime shims name a pod's task socket after it. */
-    containerdAddress: absolutePath,
+    /**
+     * containerd's socket: its runtime shims name a pod's task socket after it. This and the
+     * next two come from containerd's config (containerdConfig); one given here must agree.
+     */
+    containerdAddress: containerdPath,
     /** containerd's root directory; CRI reads a pod's hostname, hosts and resolv.conf below it. */
-    containerdRoot: absolutePath,
+    containerdRoot: containerdPath,
     /** containerd's state directory; CRI mounts a pod's /dev/shm from below it. */
-    containerdState: absolutePath,
-    /** containerd's config file, read at start-up to check the CRI handlers that use tsbox. */
+    containerdState: containerdPath,
+    /**
+     * containerd's config file (with its imports): where tsbox reads containerd's root, state
+     * and address, and checks the CRI handlers that use tsbox.
+     */
     containerdConfig: absolutePath,
     /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
     startTimeoutMs: intFlag(100, 600_000),

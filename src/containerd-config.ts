@@ -7,7 +7,7 @@
  * `tsbox doctor` reports it.
  */
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
-import { basename, dirname, isAbsolute, join } from 'node:path';
+import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { messageOf } from './errors.js';
 
@@ -42,45 +42,140 @@ const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== 
 
 /** A containerd config with its imports, as containerd reads them. */
 export interface ContainerdConfigFiles {
-  /** Each file with its parsed content, the main file first. */
+  /** Each file with its parsed content in the order containerd merges them, the main file first. */
   readonly files: readonly { readonly path: string; readonly toml: Toml }[];
   readonly version: number;
 }
 
-/** Expands one `imports` entry: a path, or a glob with `*` in its last component. */
-function expandImport(entry: string, base: string): string[] {
-  const full = isAbsolute(entry) ? entry : join(base, entry);
-  if (!basename(full).includes('*')) return existsSync(full) ? [full] : [];
-  const dir = dirname(full);
-  const pattern = new RegExp(`^${basename(full).replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*')}$`);
+/** containerd's config cannot be read as containerd would read it; the message says where and why. */
+export class ContainerdConfigError extends Error {
+  override readonly name = 'ContainerdConfigError';
+}
+
+/** A character matched as itself in a RegExp. */
+const literal = (c: string): string => c.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+
+/**
+ * Go's filepath.Match pattern as a RegExp: `*`, `?`, `[...]` (`^` negates, `a-z` ranges), `\`
+ * escapes; none matches `/`. An unclosed or empty class is an error, as in Go.
+ */
+function globRegExp(pattern: string, full: string): RegExp {
+  const bad = (why: string): ContainerdConfigError => new ContainerdConfigError(`bad pattern in imports: ${full} (${why})`);
+  let out = '';
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i] as string;
+    if (c === '*') out += '[^/]*';
+    else if (c === '?') out += '[^/]';
+    else if (c === '\\') {
+      if (i + 1 >= pattern.length) throw bad('"\\" at the end');
+      out += literal(pattern[++i] as string);
+    } else if (c === '[') {
+      let j = i + 1;
+      let cls = '';
+      if (pattern[j] === '^') {
+        cls = '^/';
+        j++;
+      }
+      const start = j;
+      for (; j < pattern.length && (pattern[j] !== ']' || j === start); j++) {
+        const d = pattern[j] as string;
+        if (d === ']') throw bad('empty "[]"');
+        const escaped = d === '\\' && j + 1 < pattern.length ? (pattern[++j] as string) : undefined;
+        if (escaped !== undefined) cls += escaped === '-' ? '\\-' : literal(escaped);
+        else cls += d === '-' ? (j > start && pattern[j + 1] !== ']' ? '-' : '\\-') : literal(d);
+      }
+      if (j >= pattern.length) throw bad('unclosed "["');
+      out += `[${cls}]`;
+      i = j;
+    } else out += literal(c);
+  }
   try {
-    return readdirSync(dir).filter((f) => pattern.test(f)).sort().map((f) => join(dir, f));
+    return new RegExp(`^${out}$`, 'u');
   } catch {
-    // no such directory: the glob matches nothing, as containerd treats it
-    return [];
+    // the only way it is invalid: a reversed class range such as [z-a], which matches nothing in Go
+    return /(?!)/u;
   }
 }
 
-/** Reads containerd's config and, recursively, the files its `imports` name. Throws on bad TOML. */
+const hasMeta = (s: string): boolean => /[*?[\\]/.test(s);
+
+/**
+ * Go's filepath.Glob: every path matching `pattern`, each directory's names sorted; a directory
+ * that cannot be read matches nothing.
+ */
+function glob(pattern: string): string[] {
+  if (!hasMeta(pattern)) return existsSync(pattern) ? [pattern] : [];
+  const dir = dirname(pattern);
+  const dirs = hasMeta(dir) && dir !== pattern ? glob(dir) : [dir];
+  const matcher = globRegExp(basename(pattern), pattern);
+  return dirs.flatMap((d) => {
+    let names: string[];
+    try {
+      if (!statSync(d).isDirectory()) return [];
+      names = readdirSync(d);
+    } catch {
+      // Go's Glob ignores I/O errors: a directory that cannot be read matches nothing
+      return [];
+    }
+    return names.filter((n) => matcher.test(n)).sort().map((n) => join(d, n));
+  });
+}
+
+/**
+ * The files one file's `imports` name, as containerd 2.1 resolves them: each entry cleaned, a
+ * relative one taken from the importing file's directory, and an entry with `*` expanded as a
+ * glob (no match: nothing); any other entry is a file that must exist.
+ */
+function resolveImports(file: string, imports: readonly string[]): string[] {
+  return imports.flatMap((entry) => {
+    const path = isAbsolute(entry) ? normalize(entry) : join(dirname(file), entry);
+    return path.includes('*') ? glob(path) : [path];
+  });
+}
+
+function parseFile(file: string, importedBy: string | undefined): Toml {
+  const via = importedBy === undefined ? '' : ` (imported by ${importedBy})`;
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' ? 'no such file' : code === 'EISDIR' ? 'it is a directory' : messageOf(err);
+    throw new ContainerdConfigError(`cannot read containerd config ${file}${via}: ${why}`, { cause: err });
+  }
+  try {
+    return parseToml(text);
+  } catch (err) {
+    const { line, column } = err as { line?: number; column?: number };
+    const where = line === undefined ? '' : ` at line ${line}, column ${String(column)}`;
+    throw new ContainerdConfigError(`containerd config ${file}${via} is not valid TOML${where}: ${messageOf(err).split('\n')[0]?.replace(/^Invalid TOML document: /, '')}`, {
+      cause: err,
+    });
+  }
+}
+
+/**
+ * Reads containerd's config the way containerd 2.1 does (cmd/containerd/server/config
+ * LoadConfig): the main file, then the files its `imports` name, breadth first (each file's
+ * imports after every file already queued), each file once. An import that names a missing
+ * file is an error, as it stops containerd; a glob that matches nothing is not.
+ */
 export function readContainerdConfig(path: string): ContainerdConfigFiles {
   const files: { path: string; toml: Toml }[] = [];
-  const seen = new Set<string>();
-  const visit = (file: string): void => {
-    if (seen.has(file)) return;
-    seen.add(file);
-    let toml: Toml;
-    try {
-      toml = parseToml(readFileSync(file, 'utf8'));
-    } catch (err) {
-      throw new Error(`${file} is not valid TOML: ${messageOf(err).split('\n')[0]}`);
+  const loaded = new Set<string>();
+  const pending: { file: string; importedBy: string | undefined }[] = [{ file: resolve(path), importedBy: undefined }];
+  for (let next = pending.shift(); next !== undefined; next = pending.shift()) {
+    const { file, importedBy } = next;
+    if (loaded.has(file)) continue;
+    const toml = parseFile(file, importedBy);
+    const imports = toml['imports'];
+    if (imports !== undefined && (!Array.isArray(imports) || imports.some((i) => typeof i !== 'string'))) {
+      throw new ContainerdConfigError(`containerd config ${file}: imports must be a list of file names`);
     }
     files.push({ path: file, toml });
-    const imports = toml['imports'];
-    if (Array.isArray(imports)) {
-      for (const entry of imports) if (typeof entry === 'string') for (const f of expandImport(entry, dirname(file))) visit(f);
-    }
-  };
-  visit(path);
+    loaded.add(file);
+    for (const f of resolveImports(file, (imports ?? []) as string[])) pending.push({ file: f, importedBy: file });
+  }
   const version = files[0]?.toml['version'];
   return { files, version: typeof version === 'number' ? version : 1 };
 }

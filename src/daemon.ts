@@ -97,7 +97,10 @@ function crashHook(crashAt: string, logger: Logger): ((point: CrashPoint) => voi
  * sandbox from the state dir, and only then accepts calls.
  */
 export async function startDaemon(config: Config, logger: Logger): Promise<Daemon> {
-  logger.info({ socket: config.socket, stateDir: config.stateDir, backend: config.backend }, 'tsbox starting');
+  logger.info(
+    { socket: config.socket, stateDir: config.stateDir, backend: config.backend, containerdConfig: config.containerdConfig, containerdRoot: config.containerdRoot, containerdState: config.containerdState, containerdAddress: config.containerdAddress },
+    'tsbox starting',
+  );
   // Before recovery, so a second instance never touches the first one's sandboxes.
   await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });

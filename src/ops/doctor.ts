@@ -6,7 +6,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import type { Config } from '../config.js';
+import { ConfigError, type Config } from '../config.js';
+import { CONTAINERD_DEFAULTS, disagreements, readContainerdPaths } from '../containerd-paths.js';
 import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
 import { messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
@@ -18,8 +19,8 @@ import { SANDBOXER, type Output } from './sandbox-commands.js';
 /** What doctor looks at. */
 export interface DoctorOptions {
   readonly config: Config;
-  /** containerd's socket. */
-  readonly address: string;
+  /** containerd's socket; default: the one containerd's config names. */
+  readonly address: string | undefined;
   /** containerd's config.toml. */
   readonly containerdConfig: string;
   readonly output: Output;
@@ -102,6 +103,28 @@ function checkContainerdConfig(path: string, config: Config, binPath?: string): 
     }
   }
   return findings;
+}
+
+/**
+ * containerd's root, state and socket as its config (with imports and defaults) gives them,
+ * and whether tsbox's own settings agree; the socket to reach containerd on.
+ */
+function checkContainerdPaths(config: Config): { findings: Finding[]; address: string } {
+  const fallback = config.containerdAddress || CONTAINERD_DEFAULTS.address;
+  let paths;
+  try {
+    paths = readContainerdPaths(config.containerdConfig);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    const fix = 'fix containerd\'s config (containerd cannot start with it either), or point --containerd-config at the one containerd uses';
+    return { findings: err.problems.map((p) => fail(p, fix)), address: fallback };
+  }
+  const problems = disagreements(config, paths);
+  if (problems.length > 0) {
+    return { findings: problems.map((p) => fail(p, "leave the setting out (tsbox follows containerd's config), or point --containerd-config at the config containerd runs with")), address: fallback };
+  }
+  const source = [...new Set(Object.values(paths.from).map((f) => f ?? "containerd's defaults"))].join(', ');
+  return { findings: [pass(`containerd's root ${paths.root}, state ${paths.state}, socket ${paths.address} (from ${source})`)], address: paths.address };
 }
 
 /** containerd's version from its binary, and whether it answers on its socket. */
@@ -227,8 +250,10 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
 /** Runs every check; prints one line per check and a fix under each problem. */
 export async function runDoctor(options: DoctorOptions): Promise<number> {
   const { config, output } = options;
+  const paths = checkContainerdPaths(config);
   const findings = [
-    ...(await checkContainerd(options.address, options.path)),
+    ...paths.findings,
+    ...(await checkContainerd(options.address ?? paths.address, options.path)),
     ...checkContainerdConfig(options.containerdConfig, config, options.path),
     ...checkCgroups(config),
     checkRunc(options.path),

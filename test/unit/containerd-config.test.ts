@@ -57,9 +57,9 @@ imports = ["conf.d/*.toml"]
     assert.equal(found[1]?.shim, undefined, 'io.containerd.tsbox.v1 names no shim binary');
   });
 
-  test('a config that is not TOML is an error naming the file', () => {
+  test('a config that is not TOML is an error naming the file and the position', () => {
     const bad = path.join(dir, 'bad.toml');
-    writeFileSync(bad, 'version = = 3\n');
-    assert.throws(() => readContainerdConfig(bad), (err: unknown) => err instanceof Error && err.message.startsWith(`${bad} is not valid TOML`));
+    writeFileSync(bad, 'version = 3\nroot = = "/x"\n');
+    assert.throws(() => readContainerdConfig(bad), { message: `containerd config ${bad} is not valid TOML at line 2, column 8: invalid value` });
   });
 });
