@@ -1,13 +1,25 @@
 #!/usr/bin/env node
-// Compares two critest result files (run-critest.sh's results-<name>.json): fails unless
-// every spec that passed with the reference handler also passed with the one under test, and
-// the reference itself ran (it is containerd's own podsandbox: a failure there is the
-// machine's, and says so).
+// Compares critest result files (run-critest.sh's results-<name>.json): fails unless every spec
+// that passed with the reference handler also passed with the one under test, and the
+// reference itself ran (it is containerd's own podsandbox: a failure there is the machine's,
+// and says so).
+//
+//   critest-compare.mjs --rerun-list REFERENCE.json UNDER-TEST.json
+//       prints, one per line, the specs that passed on the reference but not under test, when
+//       there are at most MAX_RERUNS of them (more is no flake: nothing is rerun)
+//   critest-compare.mjs REFERENCE.json UNDER-TEST.json [RERUN.json...]
+//       the verdict; a spec that failed only under test counts as passed when a rerun of it
+//       alone passed, and the output says so
 import { readFileSync } from 'node:fs';
 
-const [refPath, testPath] = process.argv.slice(2);
-if (!refPath || !testPath) {
-  console.error('usage: critest-compare.mjs REFERENCE.json UNDER-TEST.json');
+/** Reruns are for a race or two, not for a broken run. */
+const MAX_RERUNS = 3;
+
+const args = process.argv.slice(2);
+const listOnly = args[0] === '--rerun-list';
+const [refPath, testPath, ...rerunPaths] = listOnly ? args.slice(1) : args;
+if (!refPath || !testPath || (listOnly && rerunPaths.length > 0)) {
+  console.error('usage: critest-compare.mjs [--rerun-list] REFERENCE.json UNDER-TEST.json [RERUN.json...]');
   process.exit(2);
 }
 const load = (p) => {
@@ -20,16 +32,40 @@ const load = (p) => {
 };
 const ref = load(refPath);
 const test = load(testPath);
-if (ref.totals.passed === 0 || ref.totals.failed > 0) {
+const refClean = ref.totals.passed > 0 && ref.totals.failed === 0;
+const passed = new Set(test.passed);
+const missing = ref.passed.filter((spec) => !passed.has(spec));
+
+if (listOnly) {
+  if (refClean && missing.length <= MAX_RERUNS) for (const spec of missing) console.log(spec);
+  process.exit(0);
+}
+
+if (!refClean) {
   console.error(`critest: the reference run (containerd's podsandbox) did not pass cleanly: ${JSON.stringify(ref.totals)}`);
   process.exit(1);
 }
-const passed = new Set(test.passed);
-const missing = ref.passed.filter((spec) => !passed.has(spec));
 console.log(`critest: podsandbox ${ref.totals.passed} passed, ${ref.totals.failed} failed; tsbox ${test.totals.passed} passed, ${test.totals.failed} failed`);
 for (const f of test.failed) console.log(`  FAIL on tsbox: ${f.name ?? JSON.stringify(f)}${f.reason ? ` — ${f.reason}` : ''}`);
-if (missing.length > 0) {
-  console.error(`critest: ${missing.length} spec(s) pass on podsandbox but not on tsbox:\n${missing.map((s) => `  - ${s}`).join('\n')}`);
+
+const reruns = rerunPaths.map(load);
+const passedOnRerun = new Set(reruns.flatMap((r) => r.passed));
+const failedOnRerun = new Map(reruns.flatMap((r) => r.failed.map((f) => [f.name, f.reason])));
+const flaky = missing.filter((spec) => passedOnRerun.has(spec));
+const failing = missing.filter((spec) => !passedOnRerun.has(spec));
+if (missing.length > MAX_RERUNS) console.log(`critest: ${missing.length} specs failed only on tsbox, more than ${MAX_RERUNS}: none was rerun`);
+for (const spec of flaky) {
+  console.log(`critest: RERUN PASSED: ${spec} — failed on tsbox in the full run, passed when rerun alone: counted as passed (flaky)`);
+}
+if (reruns.length > 0) {
+  for (const spec of failing) {
+    const reason = failedOnRerun.get(spec);
+    console.log(`critest: RERUN FAILED: ${spec} — failed again when rerun alone${reason ? `: ${reason}` : ' (no result for it in the rerun)'}`);
+  }
+}
+if (failing.length > 0) {
+  console.error(`critest: ${failing.length} spec(s) pass on podsandbox but not on tsbox:\n${failing.map((s) => `  - ${s}`).join('\n')}`);
   process.exit(1);
 }
-console.log(`${test.totals.passed} passed, ${test.totals.failed} failed`);
+const rerunNote = flaky.length > 0 ? `; ${flaky.length} of its failures passed when rerun alone` : '';
+console.log(`tsbox: ${test.totals.passed} passed, ${test.totals.failed} failed in the full run${rerunNote}: every spec that passes on podsandbox passes on tsbox`);

@@ -6,8 +6,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { ConfigError, type Config } from '../config.js';
-import { CONTAINERD_DEFAULTS, disagreements, readContainerdPaths } from '../containerd-paths.js';
+import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
+import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
 import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
 import { messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
@@ -47,17 +47,23 @@ function parseContainerdVersion(text: string): [number, number, number] | undefi
 
 const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Toml) : undefined);
 
+/** containerd's config with its imports; undefined when there is no such file, an Error when it cannot be read. */
+function readConfig(path: string): ContainerdConfigFiles | Error | undefined {
+  if (!existsSync(path)) return undefined;
+  try {
+    return readContainerdConfig(path);
+  } catch (err) {
+    return err instanceof Error ? err : new Error(messageOf(err));
+  }
+}
+
 /** Checks of containerd's config: the proxy plugin and the CRI handler. */
-function checkContainerdConfig(path: string, config: Config, binPath?: string): Finding[] {
-  if (!existsSync(path)) {
+function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error | undefined, config: Config, binPath?: string): Finding[] {
+  if (read === undefined) {
     return [fail(`containerd config ${path} does not exist`, `run "tsbox install" (it creates one that imports tsbox's drop-in), or pass --containerd-config`)];
   }
-  let parsed: ContainerdConfigFiles;
-  try {
-    parsed = readContainerdConfig(path);
-  } catch (err) {
-    return [fail(messageOf(err), 'fix the TOML syntax; "containerd config dump" shows what containerd reads')];
-  }
+  if (read instanceof Error) return [fail(read.message, 'fix it (containerd cannot start with it either); "containerd config dump" shows what containerd reads')];
+  const parsed = read;
   const findings: Finding[] = [];
   if (parsed.version < 2) findings.push(fail(`${path} is a version ${parsed.version} config: containerd 2.x needs version 2 or 3`, 'migrate it: containerd config migrate > config.toml'));
   const proxies = parsed.files.flatMap((f) => {
@@ -107,17 +113,18 @@ function checkContainerdConfig(path: string, config: Config, binPath?: string): 
 
 /**
  * containerd's root, state and socket as its config (with imports and defaults) gives them,
- * and whether tsbox's own settings agree; the socket to reach containerd on.
+ * and whether tsbox's own settings agree; the socket to reach containerd on. `read` is the
+ * config as read (undefined: no file, an Error: unreadable, which the config check reports).
  */
-function checkContainerdPaths(config: Config): { findings: Finding[]; address: string } {
+function checkContainerdPaths(config: Config, read: ContainerdConfigFiles | Error | undefined): { findings: Finding[]; address: string } {
   const fallback = config.containerdAddress || CONTAINERD_DEFAULTS.address;
+  if (read instanceof Error || (read === undefined && config.containerdConfig !== DEFAULT_CONTAINERD_CONFIG)) return { findings: [], address: fallback };
   let paths;
   try {
-    paths = readContainerdPaths(config.containerdConfig);
+    paths = pathsFromConfig(read);
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
-    const fix = 'fix containerd\'s config (containerd cannot start with it either), or point --containerd-config at the one containerd uses';
-    return { findings: err.problems.map((p) => fail(p, fix)), address: fallback };
+    return { findings: err.problems.map((p) => fail(p, 'fix containerd\'s config (set an absolute path)')), address: fallback };
   }
   const problems = disagreements(config, paths);
   if (problems.length > 0) {
@@ -250,11 +257,12 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
 /** Runs every check; prints one line per check and a fix under each problem. */
 export async function runDoctor(options: DoctorOptions): Promise<number> {
   const { config, output } = options;
-  const paths = checkContainerdPaths(config);
+  const read = readConfig(options.containerdConfig);
+  const paths = checkContainerdPaths(config, read);
   const findings = [
-    ...paths.findings,
     ...(await checkContainerd(options.address ?? paths.address, options.path)),
-    ...checkContainerdConfig(options.containerdConfig, config, options.path),
+    ...checkContainerdConfig(options.containerdConfig, read, config, options.path),
+    ...paths.findings,
     ...checkCgroups(config),
     checkRunc(options.path),
     ...(await checkTsboxFiles(config)),

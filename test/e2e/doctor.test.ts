@@ -20,12 +20,13 @@ describe('tsbox doctor', () => {
   let containerd: Containerd | undefined;
   let scratch = '';
 
-  function doctor(extra: { containerdConfig?: string; env?: NodeJS.ProcessEnv } = {}): Promise<CommandResult> {
+  /** doctor as an operator runs it: containerd's socket comes from containerd's config. */
+  function doctor(extra: { containerdConfig?: string; env?: NodeJS.ProcessEnv; args?: readonly string[] } = {}): Promise<CommandResult> {
     const d = containerd;
     const s = sandboxer;
     if (d === undefined || s === undefined) throw new Error('not started');
     return run(
-      ['doctor', '--address', d.address, '--containerd-config', extra.containerdConfig ?? d.paths.configPath, '--socket', s.socketPath, '--state-dir', s.stateDir],
+      ['doctor', '--containerd-config', extra.containerdConfig ?? d.paths.configPath, '--socket', s.socketPath, '--state-dir', s.stateDir, ...(extra.args ?? [])],
       extra.env,
     );
   }
@@ -65,6 +66,10 @@ describe('tsbox doctor', () => {
     const r = await doctor();
     assert.equal(r.code, 0, `${r.stdout}${r.stderr}`);
     assert.doesNotMatch(r.stdout, /^FAIL/m);
+    const d = containerd;
+    assert.ok(d !== undefined);
+    assert.ok(r.stdout.includes(`ok    containerd's root ${d.paths.root}, state ${d.paths.state}, socket ${d.address} (from ${d.paths.configPath})\n`), r.stdout);
+    assert.ok(r.stdout.includes(`containerd at ${d.address} reaches tsbox`), 'it reached containerd on the socket its config names');
     for (const ok of [/containerd 2\.\d+\.\d+ \(≥ 2\.0\)/, /registered as sandbox proxy plugin "tsbox"/, /CRI runtime handler "tsbox" runs on tsbox; its containers use .*containerd-shim-runc-v2/, /cgroup v[12]/, /runc/, /reaches tsbox/, /tsbox answers on/, /state dir/]) {
       assert.match(r.stdout, new RegExp(`^ok .*${ok.source}`, 'm'));
     }
@@ -82,6 +87,19 @@ describe('tsbox doctor', () => {
     const r = await doctor({ containerdConfig: main });
     assert.equal(r.code, 0, r.stdout);
     assert.match(r.stdout, /registered as sandbox proxy plugin "tsbox" .*conf\.d\/50-tsbox\.toml/);
+  });
+
+  test("fails naming both values when a setting disagrees with containerd's config, and an import that is missing", async () => {
+    const d = containerd;
+    assert.ok(d !== undefined);
+    const r = await doctor({ args: ['--containerd-state', '/run/containerd'] });
+    expectProblem(
+      r,
+      new RegExp(`containerd_state: /run/containerd .* disagrees with containerd's state in ${d.paths.configPath}, ${d.paths.state}`),
+      /fix: leave the setting out \(tsbox follows containerd's config\)/,
+    );
+    const missing = configVariant('missing-import.toml', (t) => `imports = ["${path.join(scratch, 'gone.toml')}"]\n${t}`);
+    expectProblem(await doctor({ containerdConfig: missing }), new RegExp(`cannot read containerd config ${path.join(scratch, 'gone.toml')} \\(imported by ${missing}\\): no such file`), /fix: /);
   });
 
   test('fails naming the missing proxy plugin', async () => {

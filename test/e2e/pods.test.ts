@@ -199,6 +199,43 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       await assertNothingLeft(id, [c1, c2]);
     }));
 
+  test("tsbox given only containerd's config finds containerd's own root, state and socket: a pod's hostname, hosts, resolv.conf and one /dev/shm", () =>
+    withLogs(async () => {
+      // The node as k3s or rke2 set it up: containerd's directories are not the defaults, and tsbox
+      // is told nothing but where containerd's config is.
+      const { root, state, address, configPath } = env.containerd.paths;
+      for (const [own, usual] of [[root, '/var/lib/containerd'], [state, '/run/containerd'], [address, '/run/containerd/containerd.sock']]) assert.notEqual(own, usual);
+      const argv = readFileSync(`/proc/${String(env.tsbox.pid)}/cmdline`, 'utf8').split('\0');
+      assert.deepEqual(argv.filter((a) => a.startsWith('--containerd')), ['--containerd-config'], argv.join(' '));
+      assert.equal(argv[argv.indexOf('--containerd-config') + 1], configPath);
+
+      const config = env.podConfig('files', {
+        hostname: 'files-host',
+        dns_config: { servers: ['127.0.0.53'], searches: ['ns.svc.cluster.local'], options: ['ndots:5'] },
+        linux: { security_context: { namespace_options: { network: 'POD', pid: 'POD', ipc: 'POD' } } },
+      });
+      const id = await runPod(config);
+      const podNs = { linux: { security_context: { namespace_options: { network: 'POD', pid: 'POD', ipc: 'POD' } } } } as const;
+      const a = await startContainer(id, config, 'a', 'exec sleep 100000', podNs);
+      const b = await startContainer(id, config, 'b', 'exec sleep 100000', podNs);
+
+      assert.equal(await sh(a, 'cat /etc/hostname'), 'files-host\n');
+      assert.equal((await sh(a, 'hostname')).trim(), 'files-host');
+      assert.equal(await sh(a, 'cat /etc/resolv.conf'), 'search ns.svc.cluster.local\nnameserver 127.0.0.53\noptions ndots:5\n');
+      const hosts = await sh(a, 'cat /etc/hosts');
+      assert.match(hosts, /^127\.0\.0\.1\s+localhost$/m);
+      // They are the files below containerd's own root, where CRI looks for them.
+      assert.equal(hosts, readFileSync(path.join(env.criRootDir(id), 'hosts'), 'utf8'));
+      assert.ok(env.criRootDir(id).startsWith(`${root}/`));
+      assert.match(await sh(a, 'grep " /dev/shm " /proc/mounts'), /^shm \/dev\/shm tmpfs .*size=65536k/);
+      await sh(a, 'echo from-a > /dev/shm/probe');
+      assert.equal(await sh(b, 'cat /dev/shm/probe'), 'from-a\n', 'one /dev/shm for the pod, mounted from below containerd\'s state dir');
+      assert.ok(readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${env.criStateDir(id)}/shm `), `the pod's shm is mounted below ${state}`);
+
+      await removePod(id, [a, b]);
+      await assertNothingLeft(id, [a, b]);
+    }));
+
   test('a container that exits by itself reports its code; removing one pod never touches another pod\'s shim', () =>
     withLogs(async () => {
       const configA = env.podConfig('pod-a');

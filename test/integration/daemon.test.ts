@@ -87,6 +87,40 @@ describe('the tsbox daemon and its socket', () => {
       assert.equal(existsSync(stateDir), false, 'no state dir for a daemon that did not start');
     }));
 
+  test("containerd's config that cannot be read, or a setting that disagrees with it, exits 2 naming the file or both values", () =>
+    withLog(daemon, async () => {
+      const dir = path.join(d().dir, 'containerd-config');
+      mkdirSync(path.join(dir, 'conf.d'), { recursive: true });
+      const socket = path.join(dir, 'tsbox.sock');
+      const stateDir = path.join(dir, 'state');
+      const base = ['serve', '--socket', socket, '--state-dir', stateDir];
+      const main = path.join(dir, 'config.toml');
+      writeFileSync(main, 'version = 3\nimports = ["conf.d/*.toml", "extra.toml"]\n');
+      writeFileSync(path.join(dir, 'conf.d', 'paths.toml'), 'version = 3\nroot = "/srv/k3s/containerd"\n');
+
+      const missingImport = await d().run([tsboxMain, ...base, '--containerd-config', main], 15_000);
+      assert.equal(missingImport.code, 2, `exit ${missingImport.code}, stderr: ${missingImport.stderr}`);
+      assert.ok(missingImport.stderr.includes(`cannot read containerd config ${path.join(dir, 'extra.toml')} (imported by ${main}): no such file`), missingImport.stderr);
+
+      writeFileSync(path.join(dir, 'extra.toml'), '[grpc]\n  address = "/run/k3s/containerd/containerd.sock"\n');
+      const disagrees = await d().run([tsboxMain, ...base, '--containerd-config', main, '--containerd-root', '/var/lib/containerd'], 15_000);
+      assert.equal(disagrees.code, 2, `exit ${disagrees.code}, stderr: ${disagrees.stderr}`);
+      assert.match(disagrees.stderr, /containerd_root: \/var\/lib\/containerd .* disagrees with containerd's root in .*conf\.d\/paths\.toml, \/srv\/k3s\/containerd/);
+      assert.equal(existsSync(socket), false, 'no socket for a daemon that did not start');
+      assert.equal(existsSync(stateDir), false, 'no state dir for a daemon that did not start');
+
+      // What tsbox would run with: containerd's values, from the files that set them.
+      const shown = await d().run([tsboxMain, 'config', 'show', '--containerd-config', main], 15_000);
+      assert.equal(shown.code, 0, shown.stderr);
+      const effective = JSON.parse(shown.stdout) as Record<string, unknown>;
+      assert.deepEqual([effective['containerdRoot'], effective['containerdState'], effective['containerdAddress']], ['/srv/k3s/containerd', '/run/containerd', '/run/k3s/containerd/containerd.sock']);
+
+      writeFileSync(path.join(dir, 'extra.toml'), '[grpc]\n  address = "/run/k3s/containerd/containerd.sock\n');
+      const broken = await d().run([tsboxMain, ...base, '--containerd-config', main], 15_000);
+      assert.equal(broken.code, 2, `exit ${broken.code}, stderr: ${broken.stderr}`);
+      assert.match(broken.stderr, new RegExp(`containerd config ${path.join(dir, 'extra.toml')} \\(imported by ${main}\\) is not valid TOML at line 2, column \\d+`));
+    }));
+
   test('an invalid or unreadable TOML config file exits 2', () =>
     withLog(daemon, async () => {
       const dir = path.join(d().dir, 'toml');

@@ -2,7 +2,8 @@
  * A node for pods with containers: a private containerd 2.x whose CRI plugin has a runtime
  * handler `tsbox` (sandboxer tsbox, `runtime_type = "io.containerd.runc.v2"`, SPEC.md
  * section 7) next to containerd's own default handler `runc` (podsandbox), tsbox serving the
- * sandboxer socket with containerd's directories, the test images imported, and a CNI bridge
+ * sandboxer socket and given only containerd's config (containerd's root, state and socket are
+ * not the defaults: tsbox reads them there), the test images imported, and a CNI bridge
  * whose pod addresses lie in 127.0.0.0/8 (no traffic leaves the machine). Shared by the
  * end-to-end tests of pods and the pod benchmark.
  */
@@ -98,20 +99,9 @@ export async function startPodEnv(
       if (c === undefined) throw new Error('containerd must run before tsbox is started');
       const args = cmd.args.map((a, i) => (cmd.args[i - 1] === '--log-level' && options.tsboxLogLevel !== undefined ? options.tsboxLogLevel : a));
       if (options.tsboxMain !== undefined) return { ...cmd, args };
-      return {
-        ...cmd,
-        args: [
-          ...args,
-          '--containerd-address',
-          c.address,
-          '--containerd-root',
-          c.paths.root,
-          '--containerd-state',
-          c.paths.state,
-          '--containerd-config',
-          c.paths.configPath,
-        ],
-      };
+      // As an operator runs it: containerd's config is the only containerd setting; tsbox takes
+      // containerd's root, state and socket (all in the private containerd's dir) from it.
+      return { ...cmd, args: [...args, '--containerd-config', c.paths.configPath] };
     },
   });
   const work = await makeTempDir('pods-e2e-');
