@@ -52,7 +52,10 @@ function execWord(word: string): string {
  * `Type=exec` no notify library is needed.
  */
 function systemdUnit(exec: string, config: Config): string {
-  const serve = [...exec.split(' '), 'serve', '--socket', config.socket, '--state-dir', config.stateDir, '--log-format', 'json'].map(execWord).join(' ');
+  // containerd's config names its root, state and socket: tsbox reads them there.
+  const serve = [...exec.split(' '), 'serve', '--socket', config.socket, '--state-dir', config.stateDir, '--containerd-config', config.containerdConfig, '--log-format', 'json']
+    .map(execWord)
+    .join(' ');
   const ready = [...exec.split(' '), 'ready', '--socket', config.socket, '--timeout', '600'].map(execWord).join(' ');
   return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
 [Unit]

@@ -54,7 +54,7 @@ describe('tsbox install and uninstall', () => {
 
     const unit = readFileSync(path.join(root, UNIT), 'utf8');
     for (const line of ['KillMode=process', 'Delegate=yes', 'Restart=on-failure', 'Type=exec']) assert.match(unit, new RegExp(`^${line}$`, 'm'));
-    assert.match(unit, /^ExecStart=\S+ \S+ serve --socket \/run\/tsbox\/custom\.sock /m);
+    assert.match(unit, /^ExecStart=\S+ \S+ serve --socket \/run\/tsbox\/custom\.sock .*--containerd-config \/etc\/containerd\/config\.toml /m, 'the unit names containerd\'s config, where tsbox reads containerd\'s paths');
     assert.match(unit, /^ExecStartPost=\S+ \S+ ready --socket \/run\/tsbox\/custom\.sock /m);
     const analyze = which('systemd-analyze');
     assert.ok(analyze !== undefined, 'systemd-analyze is needed (apt-get install systemd)');
