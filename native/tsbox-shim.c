@@ -43,7 +43,9 @@
  *                             daemon's) into it, then answers one line on stdout:
  *                               "ok"            the lock is held
  *                               "busy <pid>"    another daemon holds it ("busy unknown"
- *                                               when its pid cannot be read); exit 1
+ *                                               when its pid cannot be read); exit 1. A
+ *                                               holder whose daemon is dead is given up
+ *                                               to 1 s to let go first.
  *                               "error <what>"  a call failed, named with its errno; exit 1
  *                             and holds the lock until its stdin (a pipe from the daemon)
  *                             reaches end of file, which the kernel makes happen when the
@@ -240,17 +242,18 @@ static int lock_mode(const char *path) {
   if (set_signals((const int[]){SIGHUP, SIGINT, SIGTERM, 0}, SIG_IGN) < 0) lock_answer("error signal: %s", strerror(errno));
   int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) lock_answer("error open %s: %s", path, strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+  /* Busy: the holder writes its pid right after it takes the lock, and the helper of a daemon
+     that has died lets go as soon as it sees its stdin close. Both take a moment. */
+  for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) < 0; tries++) {
     if (errno != EWOULDBLOCK) lock_answer("error flock %s: %s", path, strerror(errno));
-    /* The holder writes its pid right after it takes the lock: a moment to let it. */
     long pid = holder_pid(fd);
-    for (int i = 0; pid == 0 && i < 100; i++) {
-      struct timespec ms = {0, 1000000};
-      if (nanosleep(&ms, NULL) < 0 && errno != EINTR) lock_answer("error nanosleep: %s", strerror(errno));
-      pid = holder_pid(fd);
+    int settling = pid == 0 || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+    if (!settling || tries == 1000) {
+      if (pid == 0) lock_answer("busy unknown");
+      lock_answer("busy %ld", pid);
     }
-    if (pid == 0) lock_answer("busy unknown");
-    lock_answer("busy %ld", pid);
+    struct timespec ms = {0, 1000000};
+    if (nanosleep(&ms, NULL) < 0 && errno != EINTR) lock_answer("error nanosleep: %s", strerror(errno));
   }
   /* Written over the old pid, then cut to length: a reader never sees an empty file. */
   char pid[32];
