@@ -31,7 +31,8 @@ export interface StateLock {
 }
 
 /**
- * Makes this daemon the only one on `stateDir` (SPEC.md section 1): Node has no flock(2), so
+ * Makes this daemon the only one on `stateDir`, whose records it alone may recover and
+ * change. Node has no flock(2), so
  * the supervisor binary's `lock` mode takes it and holds it for as long as its stdin, a pipe
  * from this process, is open. The kernel closes that pipe when tsbox exits however it ends,
  * SIGKILL included, so the lock needs no cleanup after a crash and the helper never outlives
