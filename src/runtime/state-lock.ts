@@ -32,13 +32,12 @@ export interface StateLock {
 
 /**
  * Makes this daemon the only one on `stateDir`, whose records it alone may recover and
- * change. Node has no flock(2), so
- * the supervisor binary's `lock` mode takes it and holds it for as long as its stdin, a pipe
- * from this process, is open. The kernel closes that pipe when tsbox exits however it ends,
- * SIGKILL included, so the lock needs no cleanup after a crash and the helper never outlives
- * tsbox (its stdin's write end is close-on-exec: no sandbox supervisor inherits it). A helper
- * that dies while tsbox runs is logged and replaced. Rejects with StateDirInUseError when
- * another daemon holds the lock.
+ * change. Node has no flock(2), so the supervisor binary's `lock` mode takes the lock and
+ * holds it for as long as its stdin, a socket pair to this process, is open. The kernel
+ * closes it when tsbox exits however it ends, SIGKILL included, so the lock needs no cleanup
+ * after a crash and the helper never outlives tsbox (tsbox's end is close-on-exec: no sandbox
+ * supervisor inherits it). A helper that dies while tsbox runs is logged and replaced.
+ * Rejects with StateDirInUseError when another daemon holds the lock.
  */
 export async function lockStateDir(stateDir: string, helper: string, logger: Logger): Promise<StateLock> {
   const path = join(stateDir, LOCK_FILE);
