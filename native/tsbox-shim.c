@@ -27,11 +27,30 @@
  * own; the others are the host's (a pod's NODE namespace modes). Sysctls are
  * written inside the sandbox's namespaces, before its process runs.
  *
+ * Every system call is checked: a failure before the sandbox runs is answered as
+ * "error <what>: <strerror>" (the call and its target named) and leaves no process behind;
+ * the sandbox process reports its own set-up failures to the shim through a pipe. After the
+ * answer the shim's exit status says how it ended: 0 exit file written, 2 exit file not
+ * written, 3 exit file written but the notify file not.
+ *
  * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
  * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
- * containers. A helper mode undoes it for tsbox at Stop:
- *   tsbox-shim umount PATH    detaches whatever is mounted at PATH; exit 0 on success,
- *                             else the reason on stderr and exit 1.
+ * containers. Helper modes for tsbox:
+ *   tsbox-shim umount PATH    detaches whatever is mounted at PATH (at Stop); exit 0 on
+ *                             success, else the reason on stderr and exit 1.
+ *   tsbox-shim lock PATH      one tsbox per state directory: opens or creates PATH, takes
+ *                             flock(LOCK_EX|LOCK_NB) on it and writes its parent's pid (the
+ *                             daemon's) into it, then answers one line on stdout:
+ *                               "ok"            the lock is held
+ *                               "busy <pid>"    another daemon holds it ("busy unknown"
+ *                                               when its pid cannot be read); exit 1. A
+ *                                               holder whose daemon is dead is given up
+ *                                               to 1 s to let go first.
+ *                               "error <what>"  a call failed, named with its errno; exit 1
+ *                             and holds the lock until its stdin (a pipe from the daemon)
+ *                             reaches end of file, which the kernel makes happen when the
+ *                             daemon exits however it ends; SIGHUP, SIGINT and SIGTERM are
+ *                             ignored so the lock lasts exactly as long as the daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -54,6 +74,10 @@
 
 static const char *dir;
 static char reply[1024];
+/* Where the answer goes: stdout, or a copy of it once stdout is /dev/null. */
+static int reply_fd = STDOUT_FILENO;
+/* The sandbox process once forked: a failure of the shim takes it down too. */
+static pid_t child = 0;
 
 static void fail(const char *fmt, ...) {
   va_list ap;
@@ -61,10 +85,28 @@ static void fail(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
   va_end(ap);
+  if (child > 0) {
+    /* Its own failure or ours: either way it must not outlive the failed start. */
+    if (kill(child, SIGKILL) < 0 && errno != ESRCH) { /* already reported by the message below */ }
+    while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {
+    }
+  }
   size_t len = strlen(reply);
   reply[len] = '\n';
-  if (write(STDOUT_FILENO, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
+  if (write(reply_fd, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
   _exit(1);
+}
+
+/* In the sandbox process before exec: tells the shim what failed (one atomic pipe write). */
+static int errpipe_fd = -1;
+static void child_fail(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (write(errpipe_fd, msg, strlen(msg)) < 0) { /* the shim is gone: nobody to tell */ }
+  _exit(127);
 }
 
 static int write_all(int fd, const char *buf, size_t len) {
@@ -91,18 +133,23 @@ static int write_file_atomic(const char *name, const char *content, int durable)
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
   if (write_all(fd, content, strlen(content)) < 0 || (durable && fsync(fd) < 0)) {
-    close(fd);
+    int saved = errno;
+    (void)close(fd); /* the write already failed; errno says why */
+    errno = saved;
     return -1;
   }
-  close(fd);
+  if (close(fd) < 0) return -1;
   if (rename(tmp, path) < 0) return -1;
   if (!durable) return 0;
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
+  if (dfd < 0) return -1;
+  if (fsync(dfd) < 0) {
+    int saved = errno;
+    (void)close(dfd); /* the fsync already failed; errno says why */
+    errno = saved;
+    return -1;
   }
-  return 0;
+  return close(dfd);
 }
 
 static void on_stop_signal(int sig) { _exit(sig == SIGTERM || sig == SIGINT ? 0 : 128 + sig); }
@@ -116,20 +163,33 @@ static void on_child(int sig) {
   errno = saved;
 }
 
-static void pause_forever(void) {
+/* The built-in pause's handlers; in the sandbox process, before it tells the shim it runs. */
+static void install_pause_handlers(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop_signal;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
+  if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0) child_fail("sigaction SIGTERM/SIGINT: %s", strerror(errno));
   struct sigaction sc;
   memset(&sc, 0, sizeof sc);
   sc.sa_handler = on_child;
   sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  sigaction(SIGCHLD, &sc, NULL);
+  if (sigaction(SIGCHLD, &sc, NULL) < 0) child_fail("sigaction SIGCHLD: %s", strerror(errno));
+}
+
+static void pause_forever(void) {
   on_child(SIGCHLD);
   for (;;) pause();
 }
+
+/* Sets the disposition of each of `sigs` (0-terminated); -1 with errno on failure. */
+static int set_signals(const int *sigs, void (*handler)(int)) {
+  for (; *sigs != 0; sigs++) {
+    if (signal(*sigs, handler) == SIG_ERR) return -1;
+  }
+  return 0;
+}
+
+static const int detached_signals[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE, 0};
 
 /* Writes VALUE to /proc/sys/KEY (dots become slashes); returns errno or 0. */
 static int apply_sysctl(const char *pair) {
@@ -144,7 +204,7 @@ static int apply_sysctl(const char *pair) {
   int fd = open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0) return errno;
   int rc = write_all(fd, eq + 1, strlen(eq + 1)) < 0 ? errno : 0;
-  close(fd);
+  if (close(fd) < 0 && rc == 0) rc = errno;
   return rc;
 }
 
@@ -152,6 +212,65 @@ static int mount_shm(const char *path, unsigned long long bytes) {
   char data[64];
   snprintf(data, sizeof data, "mode=1777,size=%llu", bytes);
   return mount("shm", path, "tmpfs", MS_NOEXEC | MS_NOSUID | MS_NODEV, data);
+}
+
+/* The lock helper's answer on stdout; exits 1 unless it is "ok". */
+static void lock_answer(const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_end(ap);
+  size_t len = strlen(line);
+  line[len] = '\n';
+  if (write_all(STDOUT_FILENO, line, len + 1) < 0) _exit(1); /* the daemon is gone */
+  if (strcmp(line, "ok\n") != 0) _exit(1);
+}
+
+/* The pid a lock file names, or 0 while it names none (its holder has not written it yet). */
+static long holder_pid(int fd) {
+  char buf[32];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  char *end;
+  long pid = strtol(buf, &end, 10);
+  return end != buf && *end == '\n' && pid > 0 ? pid : 0;
+}
+
+static int lock_mode(const char *path) {
+  if (set_signals((const int[]){SIGHUP, SIGINT, SIGTERM, 0}, SIG_IGN) < 0) lock_answer("error signal: %s", strerror(errno));
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) lock_answer("error open %s: %s", path, strerror(errno));
+  /* Busy: the holder writes its pid right after it takes the lock, and the helper of a daemon
+     that has died lets go as soon as it sees its stdin close. Both take a moment. */
+  for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) < 0; tries++) {
+    if (errno != EWOULDBLOCK) lock_answer("error flock %s: %s", path, strerror(errno));
+    long pid = holder_pid(fd);
+    int settling = pid == 0 || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+    if (!settling || tries == 1000) {
+      if (pid == 0) lock_answer("busy unknown");
+      lock_answer("busy %ld", pid);
+    }
+    struct timespec ms = {0, 1000000};
+    if (nanosleep(&ms, NULL) < 0 && errno != EINTR) lock_answer("error nanosleep: %s", strerror(errno));
+  }
+  /* Written over the old pid, then cut to length: a reader never sees an empty file. */
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%d\n", (int)getppid());
+  ssize_t written = pwrite(fd, pid, (size_t)len, 0);
+  if (written < 0) lock_answer("error write %s: %s", path, strerror(errno));
+  if (written != len) lock_answer("error write %s: short write", path);
+  if (ftruncate(fd, len) < 0) lock_answer("error truncate %s: %s", path, strerror(errno));
+  lock_answer("ok");
+  if (close(STDOUT_FILENO) < 0) return 1;
+  /* Holds the lock (fd stays open) until the daemon's end of stdin closes. */
+  char buf[64];
+  for (;;) {
+    ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+    if (n == 0) return 0;
+    if (n < 0 && errno != EINTR) return 1; /* stdin is not the daemon's pipe: release at once */
+  }
 }
 
 static int helper_mode(int argc, char **argv) {
@@ -162,7 +281,8 @@ static int helper_mode(int argc, char **argv) {
     }
     return 0;
   }
-  fprintf(stderr, "usage: tsbox-shim umount PATH\n");
+  if (strcmp(argv[1], "lock") == 0 && argc == 3) return lock_mode(argv[2]);
+  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim lock PATH\n");
   return 2;
 }
 
@@ -223,10 +343,7 @@ int main(int argc, char **argv) {
   if (dir == NULL) fail("--dir is required");
 
   /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
-  signal(SIGHUP, SIG_IGN);
-  signal(SIGINT, SIG_IGN);
-  signal(SIGTERM, SIG_IGN);
-  signal(SIGPIPE, SIG_IGN);
+  if (set_signals(detached_signals, SIG_IGN) < 0) fail("signal: %s", strerror(errno));
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
 
   /*
@@ -248,8 +365,7 @@ int main(int argc, char **argv) {
       what = pidbuf;
       fd = open(path, O_WRONLY | O_CLOEXEC);
     }
-    if (fd < 0 || write_all(fd, what, strlen(what)) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
-    close(fd);
+    if (fd < 0 || write_all(fd, what, strlen(what)) < 0 || close(fd) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
   }
   if (shm != NULL) {
     char *end;
@@ -263,9 +379,10 @@ int main(int argc, char **argv) {
     int fd = open(netns, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) fail("open network namespace %s: %s", netns, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) fail("%s is not a network namespace", netns);
+    if (fstat(fd, &st) < 0) fail("stat network namespace %s: %s", netns, strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail("%s is not a network namespace", netns);
     if (setns(fd, CLONE_NEWNET) < 0) fail("join network namespace %s: %s", netns, strerror(errno));
-    close(fd);
+    if (close(fd) < 0) fail("close network namespace %s: %s", netns, strerror(errno));
   }
   if (unshare_flags != 0 && unshare(unshare_flags) < 0)
     fail("unshare namespaces: %s", strerror(errno));
@@ -278,94 +395,93 @@ int main(int argc, char **argv) {
     if (logfd < 0) fail("open log %s: %s", logpath, strerror(errno));
   }
 
-  pid_t child = fork();
-  if (child < 0) fail("fork: %s", strerror(errno));
+  child = fork();
+  if (child < 0) {
+    child = 0;
+    fail("fork: %s", strerror(errno));
+  }
   if (child == 0) {
-    /* The sandbox process: its own process group, so tsbox can signal all of it. */
-    close(errpipe[0]);
-    setpgid(0, 0);
+    /* The sandbox process: every failure below goes to the shim through the pipe. */
+    errpipe_fd = errpipe[1];
+    if (close(errpipe[0]) < 0) child_fail("close: %s", strerror(errno));
+    /* Its own process group, so tsbox can signal all of it. */
+    if (setpgid(0, 0) < 0) child_fail("setpgid: %s", strerror(errno));
     if (unshare_flags & CLONE_NEWNS) {
-      /* Mounts stay inside the sandbox; /proc shows the sandbox's own pid namespace. */
-      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-      if (unshare_flags & CLONE_NEWPID) mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+      /* Mounts stay inside the sandbox (a /proc mounted while / is shared would appear on the
+         host); /proc shows the sandbox's own pid namespace. */
+      if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail("mount / MS_REC|MS_PRIVATE: %s", strerror(errno));
+      if ((unshare_flags & CLONE_NEWPID) && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        child_fail("mount proc at /proc: %s", strerror(errno));
     }
-    if ((unshare_flags & CLONE_NEWUTS) && hostname != NULL && sethostname(hostname, strlen(hostname)) < 0) {
-      int e = errno;
-      (void)!write(errpipe[1], &e, sizeof e);
-      _exit(127);
-    }
+    if ((unshare_flags & CLONE_NEWUTS) && hostname != NULL && sethostname(hostname, strlen(hostname)) < 0)
+      child_fail("set hostname %s: %s", hostname, strerror(errno));
     for (int i = 0; i < nsysctls; i++) {
       int e = apply_sysctl(sysctls[i]);
-      if (e != 0) {
-        /* The parent reports which one: the index travels after the errno. */
-        int msg[2] = {e, i + 1};
-        (void)!write(errpipe[1], msg, sizeof msg);
-        _exit(127);
-      }
+      if (e != 0) child_fail("set sysctl %s: %s", sysctls[i], strerror(e));
     }
-    int devnull = open("/dev/null", O_RDWR);
-    dup2(devnull, STDIN_FILENO);
-    dup2(logfd >= 0 ? logfd : devnull, STDOUT_FILENO);
-    dup2(logfd >= 0 ? logfd : devnull, STDERR_FILENO);
-    if (devnull > STDERR_FILENO) close(devnull);
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) child_fail("open /dev/null: %s", strerror(errno));
+    int out = logfd >= 0 ? logfd : devnull;
+    /* dup2 clears close-on-exec on the copies: 0, 1 and 2 survive the exec. */
+    if (dup2(devnull, STDIN_FILENO) < 0) child_fail("dup2 /dev/null to stdin: %s", strerror(errno));
+    if (dup2(out, STDOUT_FILENO) < 0) child_fail("dup2 %s to stdout: %s", logfd >= 0 ? logpath : "/dev/null", strerror(errno));
+    if (dup2(out, STDERR_FILENO) < 0) child_fail("dup2 %s to stderr: %s", logfd >= 0 ? logpath : "/dev/null", strerror(errno));
     sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGHUP, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
+    if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) child_fail("sigprocmask: %s", strerror(errno));
+    if (set_signals(detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
     if (cmd == NULL) {
-      close(errpipe[1]); /* nothing to exec: tell the shim the sandbox runs */
+      install_pause_handlers();
+      /* Nothing to exec: closing the pipe tells the shim the sandbox runs. */
+      if (close(errpipe[1]) < 0) child_fail("close: %s", strerror(errno));
       pause_forever();
     }
-    if (chdir(cwd) < 0) {
-      int e = errno;
-      (void)!write(errpipe[1], &e, sizeof e);
-      _exit(127);
-    }
+    if (chdir(cwd) < 0) child_fail("chdir %s: %s", cwd, strerror(errno));
     execvp(cmd[0], cmd);
-    int e = errno;
-    (void)!write(errpipe[1], &e, sizeof e);
-    _exit(127);
+    child_fail("start %s: %s", cmd[0], strerror(errno));
   }
-  close(errpipe[1]);
-  if (logfd >= 0) close(logfd);
+  if (close(errpipe[1]) < 0) fail("close: %s", strerror(errno));
+  if (logfd >= 0 && close(logfd) < 0) fail("close log %s: %s", logpath, strerror(errno));
 
-  int msg[2] = {0, 0};
+  char msg[1024];
   ssize_t n;
-  do n = read(errpipe[0], msg, sizeof msg);
+  do n = read(errpipe[0], msg, sizeof msg - 1);
   while (n < 0 && errno == EINTR);
-  close(errpipe[0]);
+  if (n < 0) fail("read from the sandbox process: %s", strerror(errno));
   if (n > 0) {
-    waitpid(child, NULL, 0);
-    if (msg[1] > 0 && msg[1] <= nsysctls) fail("set sysctl %s: %s", sysctls[msg[1] - 1], strerror(msg[0]));
-    if (cmd != NULL) fail("start %s: %s", cmd[0], strerror(msg[0]));
-    fail("set up sandbox: %s", strerror(msg[0]));
+    msg[n] = '\0';
+    fail("%s", msg);
   }
+  if (close(errpipe[0]) < 0) fail("close: %s", strerror(errno));
+
+  /* From here the shim's own stdio is /dev/null; the answer goes to a copy of stdout. */
+  reply_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (reply_fd < 0) {
+    reply_fd = STDOUT_FILENO;
+    fail("dup stdout: %s", strerror(errno));
+  }
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0) fail("open /dev/null: %s", strerror(errno));
+  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(devnull, STDOUT_FILENO) < 0 || dup2(devnull, STDERR_FILENO) < 0)
+    fail("dup2 /dev/null: %s", strerror(errno));
+  if (devnull > STDERR_FILENO && close(devnull) < 0) fail("close /dev/null: %s", strerror(errno));
 
   char pids[64];
   snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
   /* Not fsynced: the pid file matters only while the processes it names run, and they do
      not outlive the machine; a crash of tsbox leaves it in the page cache. */
-  if (write_file_atomic("pid", pids, 0) < 0) {
-    kill(child, SIGKILL);
-    waitpid(child, NULL, 0);
-    fail("write %s/pid: %s", dir, strerror(errno));
-  }
+  if (write_file_atomic("pid", pids, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
   snprintf(reply, sizeof reply, "ok %s", pids);
-  if (write_all(STDOUT_FILENO, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
-  int devnull = open("/dev/null", O_RDWR);
-  dup2(devnull, STDIN_FILENO);
-  dup2(devnull, STDOUT_FILENO);
-  dup2(devnull, STDERR_FILENO);
-  if (devnull > STDERR_FILENO) close(devnull);
+  /* The sandbox runs: from here a failure is the exit status's to tell, not the answer's. */
+  pid_t sandbox = child;
+  child = 0;
+  if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
+  if (close(reply_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
 
   /* The exit time is taken while the child is still a zombie (WNOWAIT), before it is reaped:
      it is never later than the moment the process is gone from /proc. */
   siginfo_t exited;
   int w;
-  do w = waitid(P_PID, (id_t)child, &exited, WEXITED | WNOWAIT);
+  do w = waitid(P_PID, (id_t)sandbox, &exited, WEXITED | WNOWAIT);
   while (w < 0 && errno == EINTR);
   /* waitid cannot fail for our own child: if it did, the time is taken after the reap. A
      failed clock (it cannot fail either) leaves the epoch. */
@@ -373,12 +489,12 @@ int main(int argc, char **argv) {
   if (w == 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
   int status;
   pid_t r;
-  do r = waitpid(child, &status, 0);
+  do r = waitpid(sandbox, &status, 0);
   while (r < 0 && errno == EINTR);
   if (w < 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
   int code = 255;
-  if (r == child && WIFEXITED(status)) code = WEXITSTATUS(status);
-  else if (r == child && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+  if (r == sandbox && WIFEXITED(status)) code = WEXITSTATUS(status);
+  else if (r == sandbox && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
 
   char exitline[96];
   snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
@@ -386,7 +502,7 @@ int main(int argc, char **argv) {
   if (write_file_atomic("exit", exitline, 1) < 0) return 2;
   if (notify != NULL) {
     int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) close(fd);
+    if (fd < 0 || close(fd) < 0) return 3; /* tsbox's poll of the supervisor finds the exit */
   }
   return 0;
 }

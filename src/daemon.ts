@@ -8,11 +8,13 @@ import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controll
 import type { RuntimeBackend } from './controller/types.js';
 import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js';
 import { type MetricsServer, startMetricsServer } from './metrics-server.js';
+import { EXIT, OperatorError } from './ops/exit-codes.js';
 import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
+import { type StateLock, StateDirInUseError, lockStateDir } from './runtime/state-lock.js';
 import { stateLayout } from './state/layout.js';
 import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
@@ -93,17 +95,41 @@ function crashHook(crashAt: string, logger: Logger): ((point: CrashPoint) => voi
 }
 
 /**
- * Builds and starts tsbox: refuses a socket another server answers on, recovers every
- * sandbox from the state dir, and only then accepts calls.
+ * Makes this daemon the only one on its state dir; another one there is a configuration
+ * mistake (exit 2), whatever socket each was given.
+ */
+async function lockState(config: Config, logger: Logger): Promise<StateLock> {
+  try {
+    return await lockStateDir(config.stateDir, config.shimPath, logger.child({ component: 'state-lock' }));
+  } catch (err) {
+    if (!(err instanceof StateDirInUseError)) throw err;
+    throw new OperatorError(EXIT.usage, err.message, `stop the tsbox with pid ${err.holderPid ?? '(see the lock file)'}, or give this one another --state-dir`);
+  }
+}
+
+/**
+ * Builds and starts tsbox: refuses a state dir another daemon holds and a socket another
+ * server answers on, recovers every sandbox from the state dir, and only then accepts calls.
  */
 export async function startDaemon(config: Config, logger: Logger): Promise<Daemon> {
   logger.info(
     { socket: config.socket, stateDir: config.stateDir, backend: config.backend, containerdConfig: config.containerdConfig, containerdRoot: config.containerdRoot, containerdState: config.containerdState, containerdAddress: config.containerdAddress },
     'tsbox starting',
   );
-  // Before recovery, so a second instance never touches the first one's sandboxes.
-  await prepareSocketPath(config.socket);
   await mkdir(config.stateDir, { recursive: true, mode: 0o700 });
+  // Before anything else, so a second instance never touches the first one's sandboxes
+  // or its socket.
+  const lock = await lockState(config, logger);
+  try {
+    return await startLocked(config, logger, lock);
+  } catch (err) {
+    await lock.release();
+    throw err;
+  }
+}
+
+async function startLocked(config: Config, logger: Logger, lock: StateLock): Promise<Daemon> {
+  await prepareSocketPath(config.socket);
   if (config.backend === 'process') checkContainerShims(config, logger);
   // Metrics are kept only when an endpoint serves them; otherwise no call or record save
   // pays for them. Before recovery, so /healthz answers and /readyz says 503 while tsbox
@@ -152,6 +178,7 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
       controller.close();
       await store.close();
       await metricsServer?.close();
+      await lock.release();
       logger.info('tsbox stopped; sandboxes keep running');
     },
   };

@@ -109,6 +109,11 @@ async function serve(config: Extract<Command, { kind: 'serve' }>['config']): Pro
   try {
     daemon = await startDaemon(config, logger);
   } catch (err) {
+    if (err instanceof OperatorError) {
+      logger.fatal({ err }, `tsbox cannot start: ${err.message}`);
+      process.stderr.write(err.describe());
+      return err.exitCode;
+    }
     logger.fatal({ err }, `tsbox cannot start: ${messageOf(err)}`);
     process.stderr.write(`tsbox: cannot start: ${messageOf(err)}\n`);
     return EXIT.failure;

@@ -1,6 +1,6 @@
 /**
  * The daemon as an operator meets it: its socket (mode, a second instance, a stale socket
- * after a crash, something else in the way), SIGTERM (pending Waits end UNAVAILABLE, which
+ * after a crash, something else in the way), its state dir (one daemon at a time), SIGTERM (pending Waits end UNAVAILABLE, which
  * containerd retries; sandboxes keep running; a restart finds them) and a bad configuration
  * (SPEC.md sections 1 and 3-5).
  */
@@ -8,10 +8,10 @@ import assert from 'node:assert/strict';
 import { lstatSync, mkdirSync, readFileSync, statSync, writeFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { uniqueNamespace } from '../support/host.js';
+import { cmdlineOf, listPids, uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
 import { type TsboxDaemon, socketAccepts, startTsbox, tsboxMain } from '../support/tsbox-daemon.js';
-import { alive, createAndStart, procExists, withLog } from './fixtures.js';
+import { alive, createAndStart, procExists, waitFor, withLog } from './fixtures.js';
 
 describe('the tsbox daemon and its socket', () => {
   let daemon: TsboxDaemon | undefined;
@@ -43,7 +43,10 @@ describe('the tsbox daemon and its socket', () => {
       const { pid } = await createAndStart(d(), client, id);
       const inode = statSync(d().socketPath).ino;
 
-      const second = await d().run(d().serveArgs(), 15_000);
+      // Its own state dir: the socket, not the state dir lock, is what refuses it.
+      const args = d().serveArgs();
+      args[args.indexOf('--state-dir') + 1] = path.join(d().dir, 'second-state');
+      const second = await d().run(args, 15_000);
       assert.equal(second.signal, null, `the second serve did not exit by itself within 15 s:\n${second.stderr}`);
       assert.notEqual(second.code, 0);
       assert.match(second.stderr, /already listening/, `stderr: ${second.stderr}`);
@@ -207,5 +210,95 @@ describe('the tsbox daemon and its socket', () => {
       assert.deepEqual(await fresh.wait({ sandboxId: id }), answer);
       assert.equal((await fresh.status({ sandboxId: id })).state, 'SANDBOX_NOTREADY');
       await fresh.shutdown({ sandboxId: id });
+    }));
+});
+
+/** Live processes running `tsbox-shim lock <state>/tsbox.lock`. */
+function lockHelpers(stateDir: string): number[] {
+  const lockFile = path.join(stateDir, 'tsbox.lock');
+  return listPids().filter((pid) => {
+    const words = cmdlineOf(pid);
+    return words[1] === 'lock' && words[2] === lockFile;
+  });
+}
+
+describe('one daemon per state dir', () => {
+  let daemon: TsboxDaemon | undefined;
+  const ns = uniqueNamespace('lock');
+
+  before(async () => {
+    daemon = await startTsbox('tsbox-lock');
+  });
+
+  after(async () => {
+    await daemon?.teardown();
+  });
+
+  function d(): TsboxDaemon {
+    assert.ok(daemon !== undefined, 'daemon not started');
+    return daemon;
+  }
+
+  test('a second serve on the same state dir with another socket exits 2 naming the dir and the first pid; the first keeps serving', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'held';
+      const { pid } = await createAndStart(d(), client, id);
+      const record = path.join(d().sandboxDir(ns, id), 'record.json');
+      const recordBefore = readFileSync(record, 'utf8');
+      const firstPid = d().pid;
+      assert.ok(firstPid !== undefined);
+      const helpers = lockHelpers(d().stateDir);
+      assert.equal(helpers.length, 1, `one lock helper expected, found ${helpers.join(', ')}`);
+
+      const otherSocket = path.join(d().dir, 'other.sock');
+      const second = await d().run([tsboxMain, 'serve', '--socket', otherSocket, '--state-dir', d().stateDir], 15_000);
+      assert.equal(second.signal, null, `the second serve did not exit by itself within 15 s:\n${second.stderr}`);
+      assert.equal(second.code, 2, `exit ${second.code}, stderr: ${second.stderr}`);
+      assert.ok(second.stderr.includes(d().stateDir), `stderr should name ${d().stateDir}: ${second.stderr}`);
+      assert.match(second.stderr, new RegExp(`pid ${firstPid}\\b`), `stderr should name pid ${firstPid}: ${second.stderr}`);
+      assert.equal(existsSync(otherSocket), false, 'the refused daemon must not bind its socket');
+
+      assert.deepEqual(lockHelpers(d().stateDir), helpers, 'the refused daemon left a lock helper or took the first one away');
+      assert.equal(readFileSync(record, 'utf8'), recordBefore, "the first daemon's record was touched");
+      const status = await client.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      assert.ok(alive(pid));
+    }));
+
+  test('after kill -9 the lock helper is gone and a new daemon starts on the dir without any cleanup', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'after-crash';
+      const { pid } = await createAndStart(d(), client, id);
+      const [helper] = lockHelpers(d().stateDir);
+      assert.ok(helper !== undefined, 'no lock helper runs');
+
+      await d().kill9();
+      assert.ok(alive(pid), 'the sandbox must outlive the daemon');
+      // The sandbox's supervisor, started by the daemon, must not hold the helper's pipe open.
+      await waitFor(() => !procExists(helper), { what: `lock helper ${helper} gone after its daemon was killed`, timeoutMs: 5000 });
+
+      await d().start();
+      const helpers = lockHelpers(d().stateDir);
+      assert.equal(helpers.length, 1, `one lock helper expected, found ${helpers.join(', ')}`);
+      assert.equal(readFileSync(path.join(d().stateDir, 'tsbox.lock'), 'utf8'), `${d().pid}\n`, 'the lock file names the new daemon');
+      const fresh = d().client(ns);
+      const status = await fresh.status({ sandboxId: id });
+      assert.equal(status.state, 'SANDBOX_READY');
+      assert.equal(status.pid, pid);
+      await fresh.shutdown({ sandboxId: id });
+    }));
+
+  test('SIGTERM: the lock helper has exited (and was reaped) when the daemon has; the next daemon takes the dir', () =>
+    withLog(daemon, async () => {
+      const [helper] = lockHelpers(d().stateDir);
+      assert.ok(helper !== undefined, 'no lock helper runs');
+      const exit = await d().stop();
+      assert.equal(exit.code, 0, `tsbox exited with ${exit.code} (signal ${exit.signal})`);
+      assert.equal(procExists(helper), false, `lock helper ${helper} outlived its daemon (or is a zombie)`);
+      await d().start();
+      assert.equal(lockHelpers(d().stateDir).length, 1);
     }));
 });

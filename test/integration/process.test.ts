@@ -12,7 +12,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
-import { type TsboxDaemon, startSandboxerDaemon, startTsbox, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
+import { type TsboxDaemon, startSandboxerDaemon, startTsbox, tsboxSandboxer, tsboxShim, which } from '../support/tsbox-daemon.js';
 import { alive, createAndStart, criMetadata, ociSpec, podSandboxConfig, procExists, waitFor, withLog } from './fixtures.js';
 
 /** Pids of processes whose command line names `needle` (the sandbox's supervisor names its dir). */
@@ -327,9 +327,10 @@ describe('a supervisor that never answers its start handshake', () => {
   test('fails that Start after start_timeout_ms, kills what it started, and frees the sandbox for Shutdown', async () => {
     const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-mute-'));
     const mute = path.join(scratch, 'mute-supervisor');
-    // Takes the supervisor's place: runs, never answers, never exits by itself.
+    // Takes the supervisor's place: runs, never answers, never exits by itself (the state
+    // dir lock is still the real supervisor's).
     const sleep = '7431.25'; // a duration nothing else on the machine sleeps for
-    writeFileSync(mute, `#!/bin/sh\nexec sleep ${sleep}\n`, { mode: 0o755 });
+    writeFileSync(mute, `#!/bin/sh\n[ "$1" = lock ] && exec ${tsboxShim} "$@"\nexec sleep ${sleep}\n`, { mode: 0o755 });
     const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--shim-path', mute, '--start-timeout-ms', '400'] }), { label: 'tsbox-mute-' });
     const ns = uniqueNamespace('mute');
     try {

@@ -39,6 +39,9 @@ export const CRASH_ENV = 'TSBOX_CRASH_AT';
 /** Path of the built tsbox entry point. */
 export const tsboxMain = path.join(repoRoot, 'dist', 'src', 'main.js');
 
+/** Path of the built sandbox supervisor (also tsbox's state dir lock helper). */
+export const tsboxShim = path.join(repoRoot, 'dist', 'bin', 'tsbox-shim');
+
 // ---------------------------------------------------------------------------------------------
 // What runs
 
