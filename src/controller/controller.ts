@@ -1,11 +1,11 @@
 import type { Logger } from 'pino';
 import { TsboxError, messageOf } from '../errors.js';
 import { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
+import { SerialQueue } from '../serial-queue.js';
 import { systemClock, type Clock } from './clock.js';
 import { ExitSignal, type ExitListener } from './exit-signal.js';
 import { deriveLaunchSpec, isType, type CreateInput } from './launch-spec.js';
 import { resourcesOf, sandboxLimits, type Resources } from './pod-spec.js';
-import { SerialQueue } from './serial-queue.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
 import type {
   CallSignal,
@@ -126,7 +126,6 @@ class Sandbox {
   /** Set once the exit is being recorded, so it is recorded once. */
   exiting: Promise<void> | undefined;
   readonly exit = new ExitSignal();
-  readonly queue = new SerialQueue();
 
   constructor(
     record: SandboxRecord,
@@ -153,12 +152,14 @@ const keyOf = (namespace: string, id: string): string => `${namespace}\u0000${id
 
 /**
  * The nine operations of the Sandbox Controller API over a table of sandboxes keyed by
- * (namespace, id). Mutations of one sandbox run one at a time (its SerialQueue); reads
+ * (namespace, id). Mutations of one sandbox run one at a time (a SerialQueue keyed by it); reads
  * (Status, Wait, Platform, Metrics) never wait for them. An exit is persisted before any
  * waiter sees it.
  */
 export class Controller {
   readonly #sandboxes = new Map<string, Sandbox>();
+  /** The mutations of each sandbox, in turn. */
+  readonly #queue = new SerialQueue();
   readonly #backend: RuntimeBackend;
   readonly #store: RecordStore;
   readonly #log: Logger;
@@ -186,6 +187,11 @@ export class Controller {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) throw new TsboxError('NotFound', `sandbox ${id} not found in namespace ${namespace}`);
     return sandbox;
+  }
+
+  /** Runs `operation` after the mutations of `sandbox` queued before it. */
+  #inTurn<T>(sandbox: Sandbox, operation: () => Promise<T>): Promise<T> {
+    return this.#queue.run(keyOf(sandbox.record.namespace, sandbox.record.id), operation);
   }
 
   #childLog(namespace: string, id: string): Logger {
@@ -225,7 +231,7 @@ export class Controller {
     // In the table before the write, so a concurrent Create of the same id fails at once
     // and a Start queues behind the write.
     this.#sandboxes.set(key, sandbox);
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       try {
         await this.#store.save(record);
       } catch (err) {
@@ -240,7 +246,7 @@ export class Controller {
   /** Runs the sandbox. On any failure nothing of the attempt remains and it stays created. */
   async start(namespace: string, id: string, signal: CallSignal = NEVER_ABORTED): Promise<StartResult> {
     const sandbox = this.#find(namespace, id);
-    return sandbox.queue.run(async () => {
+    return this.#inTurn(sandbox, async () => {
       this.#ensureKnown(sandbox);
       // 'starting' is not written: a process a crash leaves behind before the 'running'
       // record is found through the supervisor's pid file at recovery and removed.
@@ -345,7 +351,7 @@ export class Controller {
   async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
       // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).
       await this.#backend.teardown(sandbox.spec, 'stop');
@@ -435,7 +441,7 @@ export class Controller {
     const key = keyOf(namespace, id);
     const sandbox = this.#sandboxes.get(key);
     if (sandbox === undefined) return;
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
       if (sandbox.state === 'running' && sandbox.running === undefined) {
         await this.#exitUnknown(sandbox);
@@ -468,7 +474,7 @@ export class Controller {
   /** Applies labels, annotations and extensions. */
   async update(namespace: string, id: string, request: UpdateRequest): Promise<void> {
     const sandbox = this.#find(namespace, id);
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       this.#ensureKnown(sandbox);
       const all = request.fields.length === 0;
       const wants = (field: string): boolean => all || request.fields.includes(field);
