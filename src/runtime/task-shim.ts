@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { readFile, readdir, readlink, unlink } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
-import { ignoreError } from '../errors.js';
+import { ignoreError, isGone, readIfPresent, withPath } from '../errors.js';
 import { isSameProcess, processStartTime, signalProcess } from './proc.js';
 
 /**
@@ -55,11 +55,16 @@ async function holdsSocket(pid: number, inodes: ReadonlySet<string>): Promise<bo
   let fds: string[];
   try {
     fds = await readdir(`/proc/${pid}/fd`);
-  } catch {
-    return false; // the process is gone
+  } catch (err) {
+    if (isGone(err)) return false; // the process is gone
+    throw withPath(err, `/proc/${pid}/fd`, 'list');
   }
   for (const fd of fds) {
-    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => /* closed meanwhile */ '');
+    const path = `/proc/${pid}/fd/${fd}`;
+    const target = await readlink(path).catch((err: unknown) => {
+      if (isGone(err)) return ''; // closed meanwhile
+      throw withPath(err, path, 'read link');
+    });
     const match = /^socket:\[(\d+)\]$/.exec(target);
     if (match !== null && inodes.has(match[1] as string)) return true;
   }
@@ -86,7 +91,7 @@ export async function findPodShims(namespace: string, groupId: string): Promise<
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     const pid = Number(entry);
-    const raw = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => /* gone meanwhile */ '');
+    const raw = (await readIfPresent(`/proc/${pid}/cmdline`)) ?? ''; // '' when gone meanwhile
     const argv = raw.split('\0').filter((a) => a !== '');
     if (!basename(argv[0] ?? '').startsWith('containerd-shim')) continue;
     const address = flag(argv, 'address');

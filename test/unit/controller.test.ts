@@ -38,6 +38,7 @@ function setup(): { clock: FakeClock; backend: FakeBackend; store: MemoryRecordS
     platform: PLATFORM,
     stateDir: STATE_DIR,
     clock: clock.now,
+    schedule: (delayMs, callback) => clock.schedule(delayMs, callback),
   });
   return { clock, backend, store, controller };
 }
@@ -449,7 +450,7 @@ describe('Stop', () => {
   });
 
   test('Stop ends with the caller\'s deadline and changes nothing else', async () => {
-    const { backend, controller } = setup();
+    const { clock, backend, controller } = setup();
     backend.ignoreTerm = true;
     await createAndStart(controller);
     const deadline = new AbortController();
@@ -462,7 +463,7 @@ describe('Stop', () => {
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
     assert.equal(waiter.settled, false);
 
-    backend.expireGracePeriods();
+    clock.advance(30_000);
     await until(() => waiter.settled, 'Wait answers once the sandbox is killed');
     assert.equal(waiter.value?.status, KILLED_STATUS);
   });
