@@ -240,7 +240,7 @@ export function detectCgroups(): { manager?: CgroupManager; reason?: string } {
   return { reason: 'no cgroup hierarchy with the memory and cpu controllers' };
 }
 
-class CgroupV1 implements CgroupManager {
+export class CgroupV1 implements CgroupManager {
   readonly version = 1;
   readonly #hierarchies: ReadonlyMap<string, string>;
 
@@ -426,7 +426,7 @@ class CgroupV1 implements CgroupManager {
 
 const camel = (key: string): string => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 
-class CgroupV2 implements CgroupManager {
+export class CgroupV2 implements CgroupManager {
   readonly version = 2;
   readonly #root: string;
 
