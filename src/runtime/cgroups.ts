@@ -156,8 +156,9 @@ async function killUntilEmpty(cgroup: string, pids: () => Promise<number[]>, bou
     return left.length === 0;
   }, bound);
   if (!empty) {
+    // DeadlineExceeded: the kill did not complete within its bound (and the message reaches the caller).
     throw new TsboxError(
-      'Internal',
+      'DeadlineExceeded',
       `cgroup ${cgroup} still holds ${left.length} process(es) ${bound.ms} ms after they were killed (kill_timeout_ms): pids ${left.join(', ')}`,
     );
   }

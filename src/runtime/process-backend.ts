@@ -441,7 +441,7 @@ export class ProcessBackend implements RuntimeBackend {
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(key, path, bound);
     } else if (shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
-      throw new TsboxError('Internal', `the supervisor ${shimPid} of sandbox ${key} is still there ${bound.ms} ms after its sandbox was killed (kill_timeout_ms)`);
+      throw new TsboxError('DeadlineExceeded', `the supervisor ${shimPid} of sandbox ${key} is still there ${bound.ms} ms after its sandbox was killed (kill_timeout_ms)`);
     }
   }
 
@@ -490,7 +490,7 @@ export class ProcessBackend implements RuntimeBackend {
     }
     await this.#collect(watched);
     if (!watched.exited) {
-      throw new TsboxError('Internal', `sandbox ${watched.key}: process ${watched.pid} is still there ${bound.ms} ms after SIGKILL (kill_timeout_ms)`);
+      throw new TsboxError('DeadlineExceeded', `sandbox ${watched.key}: process ${watched.pid} is still there ${bound.ms} ms after SIGKILL (kill_timeout_ms)`);
     }
   }
 
