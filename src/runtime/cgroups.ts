@@ -321,6 +321,7 @@ export class CgroupV1 implements CgroupManager {
    * Without a freezer hierarchy the kill is repeated until nothing is left.
    */
   async kill(path: string, bound: Bound): Promise<void> {
+    if ((await this.pids(path)).length === 0) return;
     const freezer = this.#hierarchies.has('freezer') ? this.#dir('freezer', path) : undefined;
     const state = freezer === undefined ? undefined : join(freezer, 'freezer.state');
     if (state !== undefined && (await writeIfPresent(state, 'FROZEN'))) {
@@ -493,6 +494,7 @@ export class CgroupV2 implements CgroupManager {
    * repeated until nothing is left.
    */
   async kill(path: string, bound: Bound): Promise<void> {
+    if ((await this.pids(path)).length === 0) return;
     const dir = this.#dir(path);
     if (!(await writeIfPresent(join(dir, 'cgroup.kill'), '1'))) {
       const freeze = join(dir, 'cgroup.freeze');

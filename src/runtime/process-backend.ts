@@ -427,20 +427,22 @@ export class ProcessBackend implements RuntimeBackend {
     const [shimPid = 0, pid = 0] = text.trim().split(' ').map(Number);
     const key = `${spec.namespace}/${spec.id}`;
     const path = this.#cgroupPath(spec);
+    let ours = false;
     if (pid > 0) {
       // Only a supervisor whose command line names this sandbox's directory is ours; without
       // it, a sandbox process is ours only if it sits in this sandbox's cgroup. A process
       // that is gone has neither file: nothing of it is ours to kill.
       const cmdline = (await readIfPresent(`/proc/${shimPid}/cmdline`)) ?? '';
       const cgroup = (await readIfPresent(`/proc/${pid}/cgroup`)) ?? '';
-      if (cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${path}`))) {
+      ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${path}`));
+      if (ours) {
         this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
         signalGroup(pid, 'SIGKILL');
       }
     }
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(key, path, bound);
-    } else if (shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
+    } else if (ours && shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
       throw new TsboxError('DeadlineExceeded', `the supervisor ${shimPid} of sandbox ${key} is still there ${bound.ms} ms after its sandbox was killed (kill_timeout_ms)`);
     }
   }
@@ -481,7 +483,11 @@ export class ProcessBackend implements RuntimeBackend {
     const watched = sandbox as Watched;
     const bound = this.#bound(signal);
     await this.#signal(watched, 'SIGKILL');
-    const exited = (): Promise<boolean> => Promise.resolve(watched.exited);
+    // A sandbox whose supervisor is gone has no one to report its exit: it is checked here.
+    const exited = async (): Promise<boolean> => {
+      if (watched.orphaned && !watched.exited) await this.#supervisorLost(watched);
+      return watched.exited;
+    };
     if (await pollUntil(exited, { ...bound, deadline: Date.now() + bound.ms / 2 })) return;
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(watched.key, watched.cgroupPath, bound);

@@ -126,7 +126,7 @@ describe('ending a cgroup\'s processes', () => {
     assert.equal(readFileSync(path.join(dir, 'cgroup.freeze'), 'utf8'), '0', 'left frozen');
   });
 
-  test('v2 with cgroup.kill: one write kills the tree; an empty cgroup is done at once', async () => {
+  test('v2 with cgroup.kill: one write kills the tree, no freeze; an empty cgroup is not touched', async () => {
     const root = mkdtempSync(path.join(scratch, 'v2-'));
     const dir = path.join(root, cgroup);
     mkdirSync(path.join(dir, 'child'), { recursive: true });
@@ -134,9 +134,16 @@ describe('ending a cgroup\'s processes', () => {
     writeFileSync(path.join(dir, 'cgroup.freeze'), 'untouched');
     writeFileSync(path.join(dir, 'cgroup.procs'), '');
     writeFileSync(path.join(dir, 'child', 'cgroup.procs'), '');
-    await new CgroupV2(root).kill(cgroup, boundOf(300, never()));
+    const manager = new CgroupV2(root);
+    await manager.kill(cgroup, boundOf(300, never()));
+    assert.equal(readFileSync(path.join(dir, 'cgroup.kill'), 'utf8'), '', 'nothing to kill');
+    const { child, ended } = sleeper();
+    writeFileSync(path.join(dir, 'child', 'cgroup.procs'), `${child.pid}\n`);
+    // The fake's list never empties: the bound is hit, after the one write.
+    await assert.rejects(manager.kill(cgroup, boundOf(200, never())), new RegExp(`pids ${child.pid}$`));
     assert.equal(readFileSync(path.join(dir, 'cgroup.kill'), 'utf8'), '1');
     assert.equal(readFileSync(path.join(dir, 'cgroup.freeze'), 'utf8'), 'untouched', 'no freeze is needed with cgroup.kill');
+    assert.equal(await ended, 'SIGKILL');
   });
 
   test('v2: pids below the sandbox\'s cgroup count too; a gone cgroup has none', async () => {
