@@ -273,10 +273,8 @@ export class ProcessBackend implements RuntimeBackend {
       // signal ended it): the supervisor's group at once, then every process of the cgroup,
       // where a sandbox may have forked before its pid file existed.
       const bound = this.#bound(signal.aborted ? new AbortController().signal : signal);
-      if (child !== undefined && child.exitCode === null && child.signalCode === null) {
-        signalGroup(child.pid ?? 0, 'SIGKILL');
-        await this.#abandon(spec, bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot end the processes of a failed start'));
-      }
+      if (child !== undefined && child.exitCode === null && child.signalCode === null) signalGroup(child.pid ?? 0, 'SIGKILL');
+      await this.#abandon(spec, bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot end the processes of a failed start'));
       await cgroups?.remove(this.#cgroupPath(spec), bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot remove the cgroup of a failed start'));
       await podFiles?.remove(spec.id).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the pod files of a failed start'));
       throw err;
