@@ -71,6 +71,7 @@ function addDaemonOptions(cmd: Program): Program {
     .option('--containerd-root <dir>', "containerd's root directory: CRI reads pods' hostname, hosts and resolv.conf below it (default: root in containerd's config; must agree)")
     .option('--containerd-state <dir>', "containerd's state directory: CRI mounts pods' /dev/shm from below it (default: state in containerd's config; must agree)")
     .option('--start-timeout-ms <n>', 'how long a sandbox may take to start before Start fails (10000)')
+    .option('--kill-timeout-ms <n>', "how long a sandbox's processes may take to die of SIGKILL before Stop or Shutdown fails (10000)")
     .option('--shutdown-drain-ms <n>', 'drain time on SIGTERM before connections close (5000)')
     .option('--recovery-concurrency <n>', 'sandboxes recovered at once at start-up (32)')
     .option('--metrics-address <addr>', 'serve /metrics, /healthz, /readyz on 127.0.0.1:PORT or a unix socket path; empty: off (off)')
@@ -92,6 +93,7 @@ const DAEMON_KEYS = [
   'containerdState',
   'containerdConfig',
   'startTimeoutMs',
+  'killTimeoutMs',
   'shutdownDrainMs',
   'recoveryConcurrency',
   'metricsAddress',

@@ -37,6 +37,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     containerdState: '',
     containerdConfig: DEFAULT_CONTAINERD_CONFIG,
     startTimeoutMs: 10_000,
+    killTimeoutMs: 10_000,
     shutdownDrainMs: 5000,
     recoveryConcurrency: 32,
     supervisorPollMs: 5000,
@@ -116,6 +117,11 @@ const schema = z
     containerdConfig: absolutePath,
     /** How long a sandbox's supervisor may take to answer at Start before the Start fails. */
     startTimeoutMs: intFlag(100, 600_000),
+    /**
+     * How long a sandbox's processes may take to die of SIGKILL (at Stop, Shutdown, after a
+     * failed Start, at recovery) before the call fails and the log names the cgroup and pids.
+     */
+    killTimeoutMs: intFlag(100, 600_000),
     /** How long a shutdown lets calls in flight finish before closing connections. */
     shutdownDrainMs: intFlag(0, 600_000),
     /** How many sandboxes are recovered at once at start-up. */

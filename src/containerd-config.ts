@@ -9,7 +9,7 @@
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
-import { messageOf } from './errors.js';
+import { isGone, messageOf, withPath } from './errors.js';
 
 /** Finds a binary on PATH. */
 export function findOnPath(binary: string, path = process.env['PATH'] ?? ''): string | undefined {
@@ -18,8 +18,9 @@ export function findOnPath(binary: string, path = process.env['PATH'] ?? ''): st
     const candidate = join(dir, binary);
     try {
       if (statSync(candidate).isFile() && (statSync(candidate).mode & 0o111) !== 0) return candidate;
-    } catch {
-      // not in this directory
+    } catch (err) {
+      // Not in this directory (or no such directory); anything else is reported with the path.
+      if (!isGone(err, ['ENOTDIR'])) throw withPath(err, candidate, 'check');
     }
   }
   return undefined;

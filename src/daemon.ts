@@ -43,6 +43,7 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
     podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
     containerdAddress: config.containerdAddress,
     startTimeoutMs: config.startTimeoutMs,
+    killTimeoutMs: config.killTimeoutMs,
     logger: logger.child({ component: 'process-backend' }),
     pollIntervalMs: config.supervisorPollMs,
   });

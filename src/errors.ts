@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+
 /**
  * The kinds of error tsbox answers with and their gRPC status codes (the numbers are the
  * protocol's): the one table of them. The kinds mirror containerd's error classes (errdefs),
@@ -71,4 +73,41 @@ export async function allOrFirstError<T extends readonly unknown[]>(operations: 
   const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
   if (failed !== undefined) throw failed.reason;
   return settled.map((s) => (s as PromiseFulfilledResult<unknown>).value) as unknown as T;
+}
+
+/** The errno code of a failed system call (`ENOENT`, `EACCES`, ...), or undefined for any other value. */
+export function errnoOf(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+/**
+ * True when `err` says that what was looked for is already gone: ENOENT (no such file) or
+ * ESRCH (no such process), plus the codes in `also` where the caller knows they mean the
+ * same (ENOTDIR when a parent directory went away). Every other error is a failure.
+ */
+export function isGone(err: unknown, also: readonly string[] = []): boolean {
+  const code = errnoOf(err);
+  return code === 'ENOENT' || code === 'ESRCH' || (code !== undefined && also.includes(code));
+}
+
+/**
+ * `err` as a TsboxError whose message names `path` (and the errno), for failures reported
+ * to a caller: "cannot read /proc/12/cgroup: EACCES: permission denied, ...". A TsboxError
+ * is returned as it is.
+ */
+export function withPath(err: unknown, path: string, what = 'access'): TsboxError {
+  if (err instanceof TsboxError) return err;
+  const message = messageOf(err);
+  return new TsboxError('Internal', `cannot ${what} ${path}: ${message.includes(path) ? message : `${message} (${path})`}`, { cause: err });
+}
+
+/** The text of `path`, or undefined when it (or its process, for /proc) is gone; any other failure throws, naming the path. */
+export async function readIfPresent(path: string, also: readonly string[] = []): Promise<string | undefined> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch (err) {
+    if (isGone(err, also)) return undefined;
+    throw withPath(err, path, 'read');
+  }
 }

@@ -7,7 +7,7 @@ import { lstat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { Logger } from 'pino';
 import { parseListenAddress } from './config.js';
-import { TsboxError } from './errors.js';
+import { TsboxError, isGone, withPath } from './errors.js';
 import type { DaemonMetrics } from './metrics.js';
 import { prepareSocketPath } from './transport/socket.js';
 
@@ -27,9 +27,10 @@ export class MetricsAddressError extends Error {
 async function isSocketFile(path: string): Promise<boolean> {
   try {
     return (await lstat(path)).isSocket();
-  } catch {
-    // nothing there: listen() creates it
-    return false;
+  } catch (err) {
+    // Nothing there: listen() creates it. Anything else is the caller's, with the path.
+    if (isGone(err, ['ENOTDIR'])) return false;
+    throw withPath(err, path, 'check');
   }
 }
 

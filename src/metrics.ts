@@ -154,12 +154,16 @@ export function instrumentBackend(backend: RuntimeBackend, metrics: TsboxMetrics
       if (found.kind === 'running') watch(found.sandbox);
       return found;
     },
-    abandon: (spec) => backend.abandon(spec),
-    kill(sandbox, graceSeconds) {
+    abandon: (spec, signal) => backend.abandon(spec, signal),
+    terminate(sandbox) {
       if (!killedAt.has(sandbox)) killedAt.set(sandbox, process.hrtime.bigint());
-      return backend.kill(sandbox, graceSeconds);
+      return backend.terminate(sandbox);
     },
-    release: (spec) => backend.release(spec),
+    kill(sandbox, signal) {
+      if (!killedAt.has(sandbox)) killedAt.set(sandbox, process.hrtime.bigint());
+      return backend.kill(sandbox, signal);
+    },
+    release: (spec, signal) => backend.release(spec, signal),
     endpoint: (spec) => backend.endpoint(spec),
     teardown: (spec, stage) => backend.teardown(spec, stage),
     updateResources: (spec, sandbox, limits) => backend.updateResources(spec, sandbox, limits),

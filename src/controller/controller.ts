@@ -1,11 +1,11 @@
 import type { Logger } from 'pino';
 import { TsboxError, messageOf } from '../errors.js';
 import { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
-import { systemClock, type Clock } from './clock.js';
+import { SerialQueue } from '../serial-queue.js';
+import { MAX_TIMER_MS, msOf, systemClock, systemSchedule, timestampOf, type Clock, type Schedule } from './clock.js';
 import { ExitSignal, type ExitListener } from './exit-signal.js';
 import { deriveLaunchSpec, isType, type CreateInput } from './launch-spec.js';
 import { resourcesOf, sandboxLimits, type Resources } from './pod-spec.js';
-import { SerialQueue } from './serial-queue.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
 import type {
   CallSignal,
@@ -101,6 +101,8 @@ export interface ControllerOptions {
   readonly platform: HostPlatform;
   readonly stateDir: string;
   readonly clock?: Clock;
+  /** Timers (a graceful Stop's SIGKILL); injectable for tests. */
+  readonly schedule?: Schedule;
 }
 
 /** Counts of a recovery, for the start-up summary line. */
@@ -126,7 +128,10 @@ class Sandbox {
   /** Set once the exit is being recorded, so it is recorded once. */
   exiting: Promise<void> | undefined;
   readonly exit = new ExitSignal();
-  readonly queue = new SerialQueue();
+  /** Cancels the timer that SIGKILLs the sandbox at `record.killAt`. */
+  cancelKill: (() => void) | undefined;
+  /** Told when that SIGKILL fails, so that a Stop waiting for the exit hears why. */
+  readonly killFailures = new Set<(err: unknown) => void>();
 
   constructor(
     record: SandboxRecord,
@@ -153,17 +158,20 @@ const keyOf = (namespace: string, id: string): string => `${namespace}\u0000${id
 
 /**
  * The nine operations of the Sandbox Controller API over a table of sandboxes keyed by
- * (namespace, id). Mutations of one sandbox run one at a time (its SerialQueue); reads
+ * (namespace, id). Mutations of one sandbox run one at a time (a SerialQueue keyed by it); reads
  * (Status, Wait, Platform, Metrics) never wait for them. An exit is persisted before any
  * waiter sees it.
  */
 export class Controller {
   readonly #sandboxes = new Map<string, Sandbox>();
+  /** The mutations of each sandbox, in turn. */
+  readonly #queue = new SerialQueue();
   readonly #backend: RuntimeBackend;
   readonly #store: RecordStore;
   readonly #log: Logger;
   readonly #platform: HostPlatform;
   readonly #clock: Clock;
+  readonly #schedule: Schedule;
   readonly #stateDir: string;
   readonly #crash: (point: CrashPoint) => void;
 
@@ -174,6 +182,7 @@ export class Controller {
     this.#log = options.logger;
     this.#platform = options.platform;
     this.#clock = options.clock ?? systemClock;
+    this.#schedule = options.schedule ?? systemSchedule;
     this.#stateDir = options.stateDir;
   }
 
@@ -186,6 +195,11 @@ export class Controller {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) throw new TsboxError('NotFound', `sandbox ${id} not found in namespace ${namespace}`);
     return sandbox;
+  }
+
+  /** Runs `operation` after the mutations of `sandbox` queued before it. */
+  #inTurn<T>(sandbox: Sandbox, operation: () => Promise<T>): Promise<T> {
+    return this.#queue.run(keyOf(sandbox.record.namespace, sandbox.record.id), operation);
   }
 
   #childLog(namespace: string, id: string): Logger {
@@ -225,7 +239,7 @@ export class Controller {
     // In the table before the write, so a concurrent Create of the same id fails at once
     // and a Start queues behind the write.
     this.#sandboxes.set(key, sandbox);
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       try {
         await this.#store.save(record);
       } catch (err) {
@@ -240,7 +254,7 @@ export class Controller {
   /** Runs the sandbox. On any failure nothing of the attempt remains and it stays created. */
   async start(namespace: string, id: string, signal: CallSignal = NEVER_ABORTED): Promise<StartResult> {
     const sandbox = this.#find(namespace, id);
-    return sandbox.queue.run(async () => {
+    return this.#inTurn(sandbox, async () => {
       this.#ensureKnown(sandbox);
       // 'starting' is not written: a process a crash leaves behind before the 'running'
       // record is found through the supervisor's pid file at recovery and removed.
@@ -256,7 +270,7 @@ export class Controller {
         sandbox.moveTo('started');
         this.#crash('start:after-record');
       } catch (err) {
-        await this.#undoStart(sandbox, running, err);
+        await this.#undoStart(sandbox, running, err, signal);
         throw err;
       }
       this.#watch(sandbox, running);
@@ -265,13 +279,18 @@ export class Controller {
     });
   }
 
-  async #undoStart(sandbox: Sandbox, running: RunningSandbox | undefined, cause: unknown): Promise<void> {
+  /**
+   * Ends what a failed Start started, within the kill bound and the call's signal (a Start
+   * ended by its own signal is still cleaned up, within the bound). What cannot be ended is
+   * logged; Shutdown ends it (abandon).
+   */
+  async #undoStart(sandbox: Sandbox, running: RunningSandbox | undefined, cause: unknown, signal: CallSignal): Promise<void> {
     sandbox.log.warn({ err: cause }, 'start failed; cleaning up');
+    const cleanup = signal.aborted ? NEVER_ABORTED : signal;
     if (running !== undefined) {
-      await this.#backend.kill(running, 0);
-      await new Promise<void>((resolve) => running.onExit(() => resolve()));
+      await this.#backend.kill(running, cleanup).catch((err: unknown) => sandbox.log.error({ err }, 'cannot end what the failed start started; Shutdown will try again'));
     }
-    await this.#backend.release(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'release after a failed start failed'));
+    await this.#backend.release(sandbox.spec, cleanup).catch((err: unknown) => sandbox.log.error({ err }, 'release after a failed start failed'));
     await this.#backend
       .teardown(sandbox.spec, 'shutdown')
       .catch((err: unknown) => sandbox.log.warn({ err }, 'removing the pod files after a failed start failed'));
@@ -299,17 +318,21 @@ export class Controller {
   #recordExit(sandbox: Sandbox, exit: ExitInfo): Promise<void> {
     if (sandbox.state !== 'running') return Promise.resolve();
     sandbox.exiting ??= (async () => {
+      this.#disarmKill(sandbox);
       this.#crash('exit:before-save');
       try {
+        // The Stop's deadline is spent: the record keeps no killAt past the exit.
+        const { killAt: _k, ...record } = sandbox.record;
+        sandbox.record = record;
         await this.#write(sandbox, { state: 'exited', exit, pid: 0 });
         this.#crash('exit:after-save');
       } catch (err) {
         sandbox.log.error({ err }, 'cannot persist the exit; it is known only until tsbox restarts');
       }
       try {
-        await this.#backend.release(sandbox.spec);
+        await this.#backend.release(sandbox.spec, NEVER_ABORTED);
       } catch (err) {
-        sandbox.log.warn({ err }, 'releasing the exited sandbox failed');
+        sandbox.log.error({ err }, 'releasing the exited sandbox failed; Shutdown will try again');
       }
       sandbox.running = undefined;
       sandbox.moveTo('exit');
@@ -321,10 +344,11 @@ export class Controller {
 
   /**
    * A sandbox recorded as running whose process could not be found after a restart: kill
-   * whatever its supervisor's pid file still names, and record the exit as unknown (255).
+   * whatever is left of it, and record the exit as unknown (255). What cannot be ended
+   * fails the call, and the sandbox stays running for the next one.
    */
-  async #exitUnknown(sandbox: Sandbox): Promise<void> {
-    await this.#backend.abandon(sandbox.spec).catch((err: unknown) => sandbox.log.warn({ err }, 'cannot check for a leftover process'));
+  async #exitUnknown(sandbox: Sandbox, signal: CallSignal): Promise<void> {
+    await this.#backend.abandon(sandbox.spec, signal);
     await this.#recordExit(sandbox, {
       status: UNKNOWN_EXIT_STATUS,
       exitedAt: this.#clock(),
@@ -345,21 +369,81 @@ export class Controller {
   async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
       // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).
       await this.#backend.teardown(sandbox.spec, 'stop');
       if (sandbox.state === 'created') {
         await this.#exitUnstarted(sandbox, 'stopped before it was started');
       } else if (sandbox.state === 'running' && sandbox.running === undefined) {
-        await this.#exitUnknown(sandbox);
+        await this.#exitUnknown(sandbox, signal);
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
-        sandbox.log.info({ timeoutSeconds }, timeoutSeconds === 0 ? 'killing sandbox' : 'stopping sandbox');
-        await this.#backend.kill(sandbox.running, timeoutSeconds);
+        if (timeoutSeconds === 0) {
+          sandbox.log.info('killing sandbox');
+          await this.#backend.kill(sandbox.running, signal);
+        } else {
+          await this.#keepKillDeadline(sandbox, msOf(this.#clock()) + timeoutSeconds * 1000);
+          sandbox.log.info({ timeoutSeconds, killAt: new Date(msOf(sandbox.record.killAt ?? this.#clock())).toISOString() }, 'stopping sandbox');
+          await this.#backend.terminate(sandbox.running);
+        }
         this.#crash('stop:after-kill');
       }
     });
-    if (sandbox.state !== 'removed') await sandbox.exit.wait(signal);
+    if (sandbox.state !== 'removed') await this.#waitExit(sandbox, signal);
+  }
+
+  /**
+   * Records a graceful Stop's deadline (the earlier one when a Stop is already under way)
+   * before its SIGTERM, and arms the SIGKILL for it: a tsbox restarted meanwhile finds it in
+   * the record and enforces it.
+   */
+  async #keepKillDeadline(sandbox: Sandbox, killAtMs: number): Promise<void> {
+    const current = sandbox.record.killAt;
+    if (sandbox.exiting === undefined && (current === undefined || msOf(current) > killAtMs)) {
+      await this.#write(sandbox, { killAt: timestampOf(killAtMs) });
+    }
+    this.#armKill(sandbox);
+  }
+
+  /** Arms the SIGKILL at `record.killAt` (at once when it has passed). */
+  #armKill(sandbox: Sandbox): void {
+    this.#disarmKill(sandbox);
+    const killAt = sandbox.record.killAt;
+    if (killAt === undefined) return;
+    const left = msOf(killAt) - msOf(this.#clock());
+    sandbox.cancelKill = this.#schedule(Math.min(Math.max(0, left), MAX_TIMER_MS), () => {
+      sandbox.cancelKill = undefined;
+      // A deadline beyond what one timer holds (24.8 days) takes several.
+      if (msOf(killAt) > msOf(this.#clock())) {
+        this.#armKill(sandbox);
+        return;
+      }
+      void this.#inTurn(sandbox, async () => {
+        const running = sandbox.running;
+        if (sandbox.state !== 'running' || running === undefined) return;
+        sandbox.log.info('grace period over: killing sandbox');
+        await this.#backend.kill(running, NEVER_ABORTED);
+      }).catch((err: unknown) => {
+        sandbox.log.error({ err }, 'cannot kill the sandbox at the end of its grace period');
+        for (const tell of sandbox.killFailures) tell(err);
+      });
+    });
+  }
+
+  #disarmKill(sandbox: Sandbox): void {
+    sandbox.cancelKill?.();
+    sandbox.cancelKill = undefined;
+  }
+
+  /** The exit, or the error of a SIGKILL at the end of a grace period that could not end the sandbox. */
+  #waitExit(sandbox: Sandbox, signal: CallSignal): Promise<ExitInfo> {
+    return new Promise<ExitInfo>((resolve, reject) => {
+      sandbox.killFailures.add(reject);
+      void sandbox.exit
+        .wait(signal)
+        .then(resolve, reject)
+        .finally(() => sandbox.killFailures.delete(reject));
+    });
   }
 
   /** A sandbox that never ran is stopped: it counts as exited, status unknown (255). */
@@ -435,21 +519,21 @@ export class Controller {
     const key = keyOf(namespace, id);
     const sandbox = this.#sandboxes.get(key);
     if (sandbox === undefined) return;
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
       if (sandbox.state === 'running' && sandbox.running === undefined) {
-        await this.#exitUnknown(sandbox);
+        await this.#exitUnknown(sandbox, signal);
       } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
         sandbox.log.info('shutdown: killing running sandbox');
-        await this.#backend.kill(sandbox.running, 0);
+        await this.#backend.kill(sandbox.running, signal);
         this.#crash('shutdown:after-kill');
         await sandbox.exit.wait(signal);
       } else if (sandbox.state === 'created') {
         // A process a crashed Start left behind goes too.
-        await this.#backend.abandon(sandbox.spec);
+        await this.#backend.abandon(sandbox.spec, signal);
         await this.#exitUnstarted(sandbox, 'shut down before it was started');
       }
-      await this.#backend.release(sandbox.spec);
+      await this.#backend.release(sandbox.spec, signal);
       await this.#backend.teardown(sandbox.spec, 'shutdown');
       this.#crash('shutdown:before-remove');
       await this.#store.remove(namespace, id);
@@ -468,7 +552,7 @@ export class Controller {
   /** Applies labels, annotations and extensions. */
   async update(namespace: string, id: string, request: UpdateRequest): Promise<void> {
     const sandbox = this.#find(namespace, id);
-    await sandbox.queue.run(async () => {
+    await this.#inTurn(sandbox, async () => {
       this.#ensureKnown(sandbox);
       const all = request.fields.length === 0;
       const wants = (field: string): boolean => all || request.fields.includes(field);
@@ -531,8 +615,8 @@ export class Controller {
   async #dropQuarantined(namespace: string, id: string): Promise<void> {
     const spec: LaunchSpec = { namespace, id };
     try {
-      await this.#backend.abandon(spec);
-      await this.#backend.release(spec);
+      await this.#backend.abandon(spec, NEVER_ABORTED);
+      await this.#backend.release(spec, NEVER_ABORTED);
       await this.#backend.teardown(spec, 'shutdown');
       await this.#store.remove(namespace, id);
     } catch (err) {
@@ -553,8 +637,8 @@ export class Controller {
         // files and /dev/shm mount included, so that a new Start begins from nothing.
         sandbox.state = 'created';
         try {
-          await this.#backend.abandon(spec);
-          await this.#backend.release(spec);
+          await this.#backend.abandon(spec, NEVER_ABORTED);
+          await this.#backend.release(spec, NEVER_ABORTED);
           await this.#backend.teardown(spec, 'stop');
         } catch (err) {
           log.error({ err }, 'cannot check for a process left by an unanswered Start; Shutdown will try again');
@@ -569,7 +653,7 @@ export class Controller {
       case 'exited': {
         const exit = record.exit ?? { status: UNKNOWN_EXIT_STATUS, exitedAt: this.#clock(), reason: 'exit not recorded' };
         // A crash between recording the exit and releasing may have left its cgroup.
-        await this.#backend.release(spec).catch((err: unknown) => log.warn({ err }, 'releasing the exited sandbox failed'));
+        await this.#backend.release(spec, NEVER_ABORTED).catch((err: unknown) => log.error({ err }, 'releasing the exited sandbox failed; Shutdown will try again'));
         sandbox.exit.resolve(exit);
         return 'exited';
       }
@@ -588,7 +672,9 @@ export class Controller {
             await this.#write(sandbox, { pid: found.sandbox.pid, backend: found.sandbox.handle });
           }
           this.#watch(sandbox, found.sandbox);
-          log.info({ pid: found.sandbox.pid }, 'recovered: sandbox still running');
+          // A graceful Stop was under way: its SIGKILL comes at the recorded deadline.
+          this.#armKill(sandbox);
+          log.info({ pid: found.sandbox.pid, killAt: record.killAt === undefined ? undefined : new Date(msOf(record.killAt)).toISOString() }, 'recovered: sandbox still running');
           return 'running';
         }
         log.info({ exitStatus: found.exit.status, reason: found.exit.reason }, 'recovered: sandbox exited while tsbox was away');
@@ -600,6 +686,7 @@ export class Controller {
 
   /** Ends watching (daemon shutdown); sandboxes keep running. */
   close(): void {
+    for (const sandbox of this.#sandboxes.values()) this.#disarmKill(sandbox);
     this.#backend.close();
   }
 }

@@ -60,6 +60,11 @@ export const recordSchema = z.object({
   backend: z.unknown().optional(),
   /** Set at Start; Status returns it too, also after a restart. */
   endpoint: endpointSchema.optional(),
+  /**
+   * A graceful Stop's deadline: the sandbox is SIGKILLed then if it still runs, also by a
+   * tsbox restarted meanwhile. Cleared once the exit is recorded.
+   */
+  killAt: timestampSchema.optional(),
   exit: exitSchema.optional(),
 });
 

@@ -58,17 +58,23 @@ export interface RuntimeBackend {
   /** Finds a sandbox recorded as running again after a restart. */
   recover(spec: LaunchSpec, handle: unknown): Promise<Recovered>;
   /**
-   * Removes whatever a Start that never answered may have left (crash during Start):
-   * kills a process that runs without a record of it.
+   * Removes whatever a Start that never answered may have left (crash during Start): ends
+   * every process of the sandbox, which runs without a record of it. Bounded like kill().
    */
-  abandon(spec: LaunchSpec): Promise<void>;
+  abandon(spec: LaunchSpec, signal: CallSignal): Promise<void>;
+  /** Sends SIGTERM to the sandbox: a graceful Stop, whose SIGKILL deadline the controller keeps. */
+  terminate(sandbox: RunningSandbox): Promise<void>;
   /**
-   * Signals the sandbox: SIGKILL now when graceSeconds is 0, else SIGTERM then SIGKILL
-   * after graceSeconds. Resolves once the first signal is sent.
+   * SIGKILLs the sandbox and resolves once its exit is known and its processes are gone.
+   * Throws, naming what is left, when they outlive the configured bound (kill_timeout_ms);
+   * rejects with the call's error when `signal` fires first.
    */
-  kill(sandbox: RunningSandbox, graceSeconds: number): Promise<void>;
-  /** Releases what an exited sandbox held (cgroups, files). Idempotent. */
-  release(spec: LaunchSpec): Promise<void>;
+  kill(sandbox: RunningSandbox, signal: CallSignal): Promise<void>;
+  /**
+   * Releases what an exited sandbox held: ends whatever is still in its cgroup, then removes
+   * it and its files. Idempotent; bounded like kill().
+   */
+  release(spec: LaunchSpec, signal: CallSignal): Promise<void>;
   /** cgroup statistics as an Any, or Unimplemented. */
   metrics(spec: LaunchSpec, sandbox: RunningSandbox | undefined): Promise<AnyValue>;
   /** Facts for verbose Status. */

@@ -9,7 +9,7 @@ import * as grpc from '@grpc/grpc-js';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
 import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
 import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
-import { messageOf } from '../errors.js';
+import { isGone, messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
 import { probeSocket } from '../transport/socket.js';
@@ -233,9 +233,9 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
       findings.push(fail(`socket ${config.socket} has mode ${mode(st.mode)}, the config says ${mode(config.socketMode)}`, 'restart tsbox (it sets the mode), or set socket_mode'));
     } else if ((st.mode & 0o002) !== 0) findings.push(fail(`socket ${config.socket} is writable by everyone: anyone could drive sandboxes`, 'set socket_mode = "0660"'));
     else socketOk = true;
-  } catch {
-    // stat failed: there is no socket (the finding says so)
-    findings.push(fail(`tsbox's socket ${config.socket} does not exist: tsbox is not running`, 'systemctl start tsbox (or tsbox serve)'));
+  } catch (err) {
+    if (isGone(err, ['ENOTDIR'])) findings.push(fail(`tsbox's socket ${config.socket} does not exist: tsbox is not running`, 'systemctl start tsbox (or tsbox serve)'));
+    else findings.push(fail(`cannot check tsbox's socket ${config.socket}: ${messageOf(err)}`, 'check the permissions of its directory'));
   }
   if (socketOk) {
     if ((await probeSocket(config.socket, 2_000)) === 'accepts') findings.push(pass(`tsbox answers on ${config.socket} (mode ${mode(config.socketMode)})`));
@@ -247,9 +247,9 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
     else if ((st.mode & 0o022) !== 0) findings.push(fail(`state dir ${config.stateDir} has mode ${mode(st.mode)}: others can change sandbox records`, `chmod 0700 ${config.stateDir}`));
     else if (process.getuid?.() === 0 && st.uid !== 0) findings.push(fail(`state dir ${config.stateDir} is owned by uid ${st.uid}, not root`, `chown root: ${config.stateDir}`));
     else findings.push(pass(`state dir ${config.stateDir} (mode ${mode(st.mode)})`));
-  } catch {
-    // stat failed: there is no state dir (the finding says so)
-    findings.push(fail(`state dir ${config.stateDir} does not exist`, 'start tsbox once (it creates it), or check state_dir'));
+  } catch (err) {
+    if (isGone(err, ['ENOTDIR'])) findings.push(fail(`state dir ${config.stateDir} does not exist`, 'start tsbox once (it creates it), or check state_dir'));
+    else findings.push(fail(`cannot check state dir ${config.stateDir}: ${messageOf(err)}`, 'check the permissions of its parent directories'));
   }
   return findings;
 }

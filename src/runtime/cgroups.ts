@@ -1,11 +1,13 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresent, withPath } from '../errors.js';
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
 import { Metrics as MetricsV2 } from '../gen/cgroups/v2/metrics.js';
+import { pollUntil, type Bound } from './bound.js';
+import { signalProcess } from './proc.js';
 
 /**
  * One cgroup per sandbox, created before the sandbox starts (its supervisor joins it, the
@@ -19,8 +21,19 @@ export interface CgroupManager {
   create(path: string, limits: Resources | undefined): Promise<string[]>;
   /** Writes new limits (Update); a limit left out is reset to unlimited. */
   applyLimits(path: string, limits: Resources): Promise<void>;
-  /** Removes the sandbox's own directories (never its parents); tolerates their absence. */
-  remove(path: string): Promise<void>;
+  /** The pids in the sandbox's cgroup and the cgroups below it; none when it is gone. */
+  pids(path: string): Promise<number[]>;
+  /**
+   * Ends every process of the sandbox's cgroup and the cgroups below it (cgroup.kill on v2;
+   * freeze, SIGKILL each, thaw on v1) and resolves once none is left. Throws, naming the
+   * cgroup and the pids left, when the bound passes first.
+   */
+  kill(path: string, bound: Bound): Promise<void>;
+  /**
+   * Removes the sandbox's own directories and any below them (never its parents); tolerates
+   * their absence. A directory the kernel still calls busy is retried until the bound.
+   */
+  remove(path: string, bound: Bound): Promise<void>;
   /** The statistics as an Any of io.containerd.cgroups.v1.Metrics or v2.Metrics. */
   metrics(path: string): Promise<AnyValue>;
 }
@@ -99,18 +112,74 @@ async function readKeyed(path: string): Promise<Map<string, bigint>> {
   return out;
 }
 
-/** rmdir that tolerates absence and waits out a supervisor that is still exiting (EBUSY). */
-async function removeDir(dir: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await rmdir(dir);
-      return;
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT') return;
-      if (code !== 'EBUSY' || attempt >= 50) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+/** `dir` and the directories below it, deepest first; none when `dir` is gone. */
+async function treeOf(dir: string): Promise<string[]> {
+  let entries;
+  try {
+    entries = await readdir(dir, { withFileTypes: true });
+  } catch (err) {
+    if (isGone(err)) return [];
+    throw withPath(err, dir, 'list');
+  }
+  const below = await Promise.all(entries.filter((e) => e.isDirectory()).map((e) => treeOf(join(dir, e.name))));
+  return [...below.flat(), dir];
+}
+
+/** The pids listed in cgroup.procs of `dir` and of every cgroup below it. */
+async function pidsBelow(dir: string): Promise<number[]> {
+  const lists = await Promise.all(
+    (await treeOf(dir)).map(async (d) => ((await readIfPresent(join(d, 'cgroup.procs'))) ?? '').split('\n').filter((l) => l !== '').map(Number)),
+  );
+  return lists.flat();
+}
+
+/** Writes an existing cgroup file (never creates one); false when it (or its cgroup) is absent. */
+async function writeIfPresent(file: string, value: string): Promise<boolean> {
+  try {
+    await writeFile(file, value, { flag: 'r+' });
+    return true;
+  } catch (err) {
+    if (isGone(err)) return false;
+    throw withPath(err, file, `write ${JSON.stringify(value)} to`);
+  }
+}
+
+/**
+ * SIGKILLs whatever `pids` lists, again at each check (a process forked meanwhile goes
+ * too), until nothing is left; throws with the cgroup and the pids left at the deadline.
+ */
+async function killUntilEmpty(cgroup: string, pids: () => Promise<number[]>, bound: Bound): Promise<void> {
+  let left: number[] = [];
+  const empty = await pollUntil(async () => {
+    left = [...new Set(await pids())];
+    for (const pid of left) signalProcess(pid, 'SIGKILL');
+    return left.length === 0;
+  }, bound);
+  if (!empty) {
+    // DeadlineExceeded: the kill did not complete within its bound (and the message reaches the caller).
+    throw new TsboxError(
+      'DeadlineExceeded',
+      `cgroup ${cgroup} still holds ${left.length} process(es) ${bound.ms} ms after they were killed (kill_timeout_ms): pids ${left.join(', ')}`,
+    );
+  }
+}
+
+/** rmdir of `dir` and everything below it, deepest first; a busy one is retried until the bound. */
+async function removeTree(dir: string, bound: Bound): Promise<void> {
+  for (const d of await treeOf(dir)) {
+    let failure: unknown;
+    const removed = await pollUntil(async () => {
+      try {
+        await rmdir(d);
+        return true;
+      } catch (err) {
+        if (isGone(err)) return true;
+        if (errnoOf(err) !== 'EBUSY') throw withPath(err, d, 'remove cgroup');
+        failure = err;
+        return false;
+      }
+    }, bound);
+    if (!removed) throw withPath(failure, d, `remove cgroup (still busy after ${bound.ms} ms)`);
   }
 }
 
@@ -119,9 +188,11 @@ async function removeDir(dir: string): Promise<void> {
  * controllers enabled, and Metrics reports what it can read (absent counters as zero).
  */
 const optional = <T>(promise: Promise<T>, fallback: T): Promise<T> =>
-  promise.catch(() => {
-    // An absent or unreadable statistic is reported as its fallback, never as a failure.
-    return fallback;
+  promise.catch((err: unknown) => {
+    // Absent (or a counter this kernel does not keep): reported as its fallback. Any other
+    // failure is the caller's, with the file named.
+    if (isGone(err, ['EOPNOTSUPP', 'ENOTSUP'])) return fallback;
+    throw withPath(err, (err as { path?: string }).path ?? 'a cgroup statistic', 'read');
   });
 
 interface Mount {
@@ -142,7 +213,8 @@ function mounts(): Mount[] {
   return out;
 }
 
-const V1_CONTROLLERS = ['memory', 'cpuacct', 'cpu', 'pids', 'cpuset'] as const;
+/** Those whose hierarchies hold a sandbox's cgroup; freezer is how its processes are ended. */
+const V1_CONTROLLERS = ['memory', 'cpuacct', 'cpu', 'pids', 'cpuset', 'freezer'] as const;
 
 /**
  * Finds the cgroup file system and returns a manager, or undefined (with the reason) when
@@ -169,7 +241,7 @@ export function detectCgroups(): { manager?: CgroupManager; reason?: string } {
   return { reason: 'no cgroup hierarchy with the memory and cpu controllers' };
 }
 
-class CgroupV1 implements CgroupManager {
+export class CgroupV1 implements CgroupManager {
   readonly version = 1;
   readonly #hierarchies: ReadonlyMap<string, string>;
 
@@ -238,8 +310,34 @@ class CgroupV1 implements CgroupManager {
     await allOrFirstError([cpuLimits(), memoryLimits(), cpusetLimits()]);
   }
 
-  async remove(path: string): Promise<void> {
-    await allOrFirstError(this.#dirs(path, true).map((dir) => removeDir(dir)));
+  async pids(path: string): Promise<number[]> {
+    const lists = await Promise.all(this.#dirs(path, true).map((dir) => pidsBelow(dir)));
+    return [...new Set(lists.flat())];
+  }
+
+  /**
+   * Freezes the cgroup (so that nothing forks while the pids are read), SIGKILLs every
+   * process, thaws it (a frozen process dies once thawed), then waits for it to empty.
+   * Without a freezer hierarchy the kill is repeated until nothing is left.
+   */
+  async kill(path: string, bound: Bound): Promise<void> {
+    if ((await this.pids(path)).length === 0) return;
+    const freezer = this.#hierarchies.has('freezer') ? this.#dir('freezer', path) : undefined;
+    const state = freezer === undefined ? undefined : join(freezer, 'freezer.state');
+    if (state !== undefined && (await writeIfPresent(state, 'FROZEN'))) {
+      try {
+        // FREEZING until every task is frozen; one that never is gets killed all the same.
+        await pollUntil(async () => (await readIfPresent(state))?.trim() !== 'FREEZING', bound);
+        for (const pid of await this.pids(path)) signalProcess(pid, 'SIGKILL');
+      } finally {
+        await writeIfPresent(state, 'THAWED');
+      }
+    }
+    await killUntilEmpty(`v1 ${path}`, () => this.pids(path), bound);
+  }
+
+  async remove(path: string, bound: Bound): Promise<void> {
+    await allOrFirstError(this.#dirs(path, true).map((dir) => removeTree(dir, bound)));
   }
 
   async metrics(path: string): Promise<AnyValue> {
@@ -330,7 +428,7 @@ class CgroupV1 implements CgroupManager {
 
 const camel = (key: string): string => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 
-class CgroupV2 implements CgroupManager {
+export class CgroupV2 implements CgroupManager {
   readonly version = 2;
   readonly #root: string;
 
@@ -352,11 +450,14 @@ class CgroupV2 implements CgroupManager {
     let dir = this.#root;
     for (const part of path.split('/').filter((p) => p !== '')) {
       if (wanted.length > 0) {
-        await writeFile(join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' ')).catch(
-          // Already enabled, or refused (a level with processes of its own cannot delegate):
-          // limits written below then fail with a precise error, and Metrics reads what exists.
-          ignoreError('the controllers are checked where they are used'),
-        );
+        // Enabling what is enabled already changes nothing and succeeds. A refusal (a level
+        // with processes of its own cannot delegate) would leave the sandbox without limits
+        // and Metrics without counters: the Start fails and says where.
+        const file = join(dir, 'cgroup.subtree_control');
+        const value = wanted.map((c) => `+${c}`).join(' ');
+        await writeFile(file, value).catch((err: unknown) => {
+          throw new TsboxError('FailedPrecondition', `cannot enable the controllers ${value} in ${file}: ${messageOf(err)}`, { cause: err });
+        });
       }
       dir = join(dir, part);
       await mkdir(dir, { recursive: true });
@@ -383,8 +484,35 @@ class CgroupV2 implements CgroupManager {
     for (const [file, value] of Object.entries(limits.unified ?? {})) await writeLimit(dir, file, value);
   }
 
-  async remove(path: string): Promise<void> {
-    await removeDir(this.#dir(path));
+  async pids(path: string): Promise<number[]> {
+    return pidsBelow(this.#dir(path));
+  }
+
+  /**
+   * cgroup.kill (Linux 5.14+) kills the whole subtree at once, forks included. Before it:
+   * freeze (cgroup.freeze, 5.2+), SIGKILL every process, thaw; without either, the kill is
+   * repeated until nothing is left.
+   */
+  async kill(path: string, bound: Bound): Promise<void> {
+    if ((await this.pids(path)).length === 0) return;
+    const dir = this.#dir(path);
+    if (!(await writeIfPresent(join(dir, 'cgroup.kill'), '1'))) {
+      const freeze = join(dir, 'cgroup.freeze');
+      if (await writeIfPresent(freeze, '1')) {
+        try {
+          // cgroup.events says "frozen 1" once every process is frozen.
+          await pollUntil(async () => !/^frozen 0$/m.test((await readIfPresent(join(dir, 'cgroup.events'))) ?? ''), bound);
+          for (const pid of await this.pids(path)) signalProcess(pid, 'SIGKILL');
+        } finally {
+          await writeIfPresent(freeze, '0');
+        }
+      }
+    }
+    await killUntilEmpty(`v2 ${path}`, () => this.pids(path), bound);
+  }
+
+  async remove(path: string, bound: Bound): Promise<void> {
+    await removeTree(this.#dir(path), bound);
   }
 
   async metrics(path: string): Promise<AnyValue> {

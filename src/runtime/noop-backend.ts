@@ -1,5 +1,5 @@
 import { systemClock } from '../controller/clock.js';
-import type { AnyValue, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, TaskEndpoint } from '../controller/types.js';
+import type { AnyValue, CallSignal, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, TaskEndpoint } from '../controller/types.js';
 import { TsboxError } from '../errors.js';
 
 /** SIGKILL's exit status, as a killed process reports it. */
@@ -58,16 +58,22 @@ export class NoopBackend implements RuntimeBackend {
     return Promise.resolve({ kind: 'running', sandbox: new NoopSandbox() });
   }
 
-  abandon(_spec: LaunchSpec): Promise<void> {
+  abandon(_spec: LaunchSpec, _signal: CallSignal): Promise<void> {
     return Promise.resolve();
   }
 
-  kill(sandbox: RunningSandbox, _graceSeconds: number): Promise<void> {
+  /** There is no process to ignore SIGTERM: a graceful Stop ends the sandbox at once. */
+  terminate(sandbox: RunningSandbox): Promise<void> {
     (sandbox as NoopSandbox).end();
     return Promise.resolve();
   }
 
-  release(_spec: LaunchSpec): Promise<void> {
+  kill(sandbox: RunningSandbox, _signal: CallSignal): Promise<void> {
+    (sandbox as NoopSandbox).end();
+    return Promise.resolve();
+  }
+
+  release(_spec: LaunchSpec, _signal: CallSignal): Promise<void> {
     return Promise.resolve();
   }
 

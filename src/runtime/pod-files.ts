@@ -4,7 +4,7 @@ import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
-import { TsboxError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../errors.js';
 
 const run = promisify(execFile);
 
@@ -124,11 +124,15 @@ export class PodFiles {
   }
 }
 
+/** True when tsbox's mark is in `dir`; false when it or the directory is absent; throws (naming the path) when it cannot be checked. */
 async function isOurs(dir: string): Promise<boolean> {
+  const mark = join(dir, MARK);
   try {
-    return (await lstat(join(dir, MARK))).isFile();
-  } catch {
-    return false; // no mark (or no directory): not tsbox's to touch
+    return (await lstat(mark)).isFile();
+  } catch (err) {
+    // No mark, no directory, or a file where a directory should be: not tsbox's to touch.
+    if (isGone(err, ['ENOTDIR'])) return false;
+    throw withPath(err, mark, 'check');
   }
 }
 

@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readIfPresent } from '../errors.js';
 
 /** What tsbox reads of /proc/PID/stat. */
 export interface ProcessStat {
@@ -7,16 +7,13 @@ export interface ProcessStat {
   readonly startTime: string;
 }
 
-/** The parent and start time of a live process, or undefined (no such process, or a zombie). */
+/** The parent and start time of a live process, or undefined (no such process, or a zombie); throws when /proc cannot be read. */
 export async function processStat(pid: number): Promise<ProcessStat | undefined> {
   if (!Number.isInteger(pid) || pid <= 0) return undefined;
-  let stat: string;
-  try {
-    stat = await readFile(`/proc/${pid}/stat`, 'utf8');
-  } catch {
-    // No such process (or it is gone while read): nothing to trust, which is what undefined means.
-    return undefined;
-  }
+  // No such process (or it is gone while read): nothing to trust, which is what undefined
+  // means. Any other failure is thrown with the path: a check that cannot be made is not "gone".
+  const stat = await readIfPresent(`/proc/${pid}/stat`);
+  if (stat === undefined) return undefined;
   // The command name (field 2) is in parentheses and may contain spaces or ')'.
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   // fields[0] is field 3 (state), fields[1] field 4 (ppid), fields[19] field 22 (start time).

@@ -17,8 +17,9 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
+import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
@@ -47,6 +48,8 @@ export interface ProcessBackendOptions {
   readonly containerdAddress: string;
   /** How long the supervisor may take to answer its start handshake. */
   readonly startTimeoutMs: number;
+  /** How long a sandbox's processes may take to die of SIGKILL before a clean-up fails. */
+  readonly killTimeoutMs: number;
   readonly logger: Logger;
   /** How often sandboxes whose supervisor is not tsbox's child are checked for a lost supervisor. */
   readonly pollIntervalMs: number;
@@ -56,9 +59,6 @@ const UNKNOWN = 255;
 
 /** What podsandbox gives a pause container: the OOM killer takes the pod's containers first. */
 const SANDBOX_OOM_SCORE_ADJ = -998;
-
-/** The longest delay setTimeout honours. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 const now = systemClock;
 
@@ -76,7 +76,6 @@ export function parseExitFile(text: string): ExitInfo | undefined {
 class Watched implements RunningSandbox {
   #exit: ExitInfo | undefined;
   readonly #listeners: ((exit: ExitInfo) => void)[] = [];
-  killTimer: NodeJS.Timeout | undefined;
   /** The supervisor is gone without an exit file: watch the sandbox pid itself. */
   orphaned = false;
   /** Where the sandbox's cgroup is, for operators. */
@@ -105,7 +104,6 @@ class Watched implements RunningSandbox {
   fire(exit: ExitInfo): void {
     if (this.#exit !== undefined) return;
     this.#exit = exit;
-    clearTimeout(this.killTimer);
     for (const listener of this.#listeners.splice(0)) listener(exit);
   }
 }
@@ -170,7 +168,7 @@ export class ProcessBackend implements RuntimeBackend {
       text = await readFile(join(dir, 'exit'), 'utf8');
     } catch (err) {
       // No exit file yet: the sandbox runs. Any other failure is logged; the next check retries.
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') this.#log.warn({ file: join(dir, 'exit'), err }, 'cannot read exit file');
+      if (errnoOf(err) !== 'ENOENT') this.#log.warn({ file: join(dir, 'exit'), err }, 'cannot read exit file');
       return undefined;
     }
     const exit = parseExitFile(text);
@@ -271,12 +269,13 @@ export class ProcessBackend implements RuntimeBackend {
       reply = await readReply(child, this.#opts.startTimeoutMs, signal);
       if (pod !== undefined) await this.#setOomScoreAdj(reply.pid, limits?.oomScoreAdj ?? SANDBOX_OOM_SCORE_ADJ);
     } catch (err) {
-      if (child !== undefined && child.exitCode === null && child.signalCode === null) {
-        // A supervisor that did not answer in time: it and whatever it started go.
-        signalGroup(child.pid ?? 0, 'SIGKILL');
-        await this.abandon(spec).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot check for a process left by a failed start'));
-      }
-      await cgroups?.remove(this.#cgroupPath(spec)).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the cgroup of a failed start'));
+      // Whatever the attempt started goes, within the kill bound (also when the call's own
+      // signal ended it): the supervisor's group at once, then every process of the cgroup,
+      // where a sandbox may have forked before its pid file existed.
+      const bound = this.#bound(signal.aborted ? new AbortController().signal : signal);
+      if (child !== undefined && child.exitCode === null && child.signalCode === null) signalGroup(child.pid ?? 0, 'SIGKILL');
+      await this.#abandon(spec, bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot end the processes of a failed start'));
+      await cgroups?.remove(this.#cgroupPath(spec), bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot remove the cgroup of a failed start'));
       await podFiles?.remove(spec.id).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the pod files of a failed start'));
       throw err;
     }
@@ -366,7 +365,8 @@ export class ProcessBackend implements RuntimeBackend {
         return { kind: 'running', sandbox: watched };
       }
       this.#log.warn({ key, pid: parsed.data.pid }, 'recorded sandbox pid is not the sandbox process; removing the sandbox');
-      await this.abandon(spec);
+      // Recovery has no call of its own: the kill bound alone limits the wait.
+      await this.abandon(spec, new AbortController().signal);
       return {
         kind: 'exited',
         exit: (await this.#readExit(dir)) ?? { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the recorded process was not the sandbox' },
@@ -397,64 +397,117 @@ export class ProcessBackend implements RuntimeBackend {
   /** The handle with a sandbox pid that is really the supervisor's child, or undefined. */
   async #verifiedHandle(dir: string, handle: ProcessHandle): Promise<ProcessHandle | undefined> {
     if (await isSameProcess(handle.pid, handle.pidStart)) return handle;
-    const text = await readFile(join(dir, 'pid'), 'utf8').catch(() => {
-      // No pid file to correct the handle with: the handle is not verified.
-      return '';
-    });
+    // No pid file to correct the handle with: the handle is not verified.
+    const text = (await readIfPresent(join(dir, 'pid'))) ?? '';
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid !== handle.shimPid || pid === undefined) return undefined;
     const stat = await processStat(pid);
     return stat?.parent === shimPid ? { ...handle, pid, pidStart: stat.startTime } : undefined;
   }
 
-  async abandon(spec: LaunchSpec): Promise<void> {
+  #bound(signal: CallSignal): Bound {
+    return boundOf(this.#opts.killTimeoutMs, signal);
+  }
+
+  abandon(spec: LaunchSpec, signal: CallSignal): Promise<void> {
+    return this.#abandon(spec, this.#bound(signal));
+  }
+
+  /**
+   * Ends a sandbox tsbox has no running record of: the process group its supervisor's pid
+   * file names (when it is this sandbox's), then every process of its cgroup. Without
+   * cgroups, waits for the supervisor to be gone.
+   */
+  async #abandon(spec: LaunchSpec, bound: Bound): Promise<void> {
     const dir = this.#opts.layout.sandboxDir(spec.namespace, spec.id);
-    let text: string;
+    // No pid file: the supervisor never ran. Unreadable: its process must not be left
+    // running without a record, so the caller hears of it (readIfPresent throws).
+    const text = (await readIfPresent(join(dir, 'pid'))) ?? '';
+    const [shimPid = 0, pid = 0] = text.trim().split(' ').map(Number);
+    const key = `${spec.namespace}/${spec.id}`;
+    const path = this.#cgroupPath(spec);
+    let ours = false;
+    if (pid > 0) {
+      // Only a supervisor whose command line names this sandbox's directory is ours; without
+      // it, a sandbox process is ours only if it sits in this sandbox's cgroup. A process
+      // that is gone has neither file: nothing of it is ours to kill.
+      const cmdline = (await readIfPresent(`/proc/${shimPid}/cmdline`)) ?? '';
+      const cgroup = (await readIfPresent(`/proc/${pid}/cgroup`)) ?? '';
+      ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${path}`));
+      if (ours) {
+        this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
+        signalGroup(pid, 'SIGKILL');
+      }
+    }
+    if (this.#opts.cgroups !== undefined) {
+      await this.#endCgroup(key, path, bound);
+    } else if (ours && shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
+      throw new TsboxError('DeadlineExceeded', `the supervisor ${shimPid} of sandbox ${key} is still there ${bound.ms} ms after its sandbox was killed (kill_timeout_ms)`);
+    }
+  }
+
+  /** Ends every process of the sandbox's cgroup; says in the log which, when some outlive the bound. */
+  async #endCgroup(key: string, path: string, bound: Bound): Promise<void> {
+    const { cgroups } = this.#opts;
+    if (cgroups === undefined) return;
     try {
-      text = await readFile(join(dir, 'pid'), 'utf8');
+      await cgroups.kill(path, bound);
     } catch (err) {
-      // No pid file: the supervisor never ran. Unreadable: its process must not be left
-      // running without a record, so the caller hears of it.
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      if (!bound.signal.aborted) this.#log.error({ key, cgroup: `v${cgroups.version}:${path}`, err }, `cannot end the processes of the sandbox: ${messageOf(err)}`);
       throw err;
     }
-    const [shimPid, pid] = text.trim().split(' ').map(Number);
-    if (shimPid === undefined || pid === undefined || !(pid > 0)) return;
-    // Only a supervisor whose command line names this sandbox's directory is ours; without
-    // it, a sandbox process is ours only if it sits in this sandbox's cgroup.
-    // A process that is gone has neither file: nothing of it is ours to kill.
-    const cmdline = await readFile(`/proc/${shimPid}/cmdline`, 'utf8').catch(() => /* gone */ '');
-    const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => /* gone */ '');
-    const ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${this.#cgroupPath(spec)}`));
-    if (!ours) return;
-    this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
-    signalGroup(pid, 'SIGKILL');
-    for (let i = 0; i < 200 && (await processStartTime(shimPid)) !== undefined; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 10));
-    }
   }
 
-  async kill(sandbox: RunningSandbox, graceSeconds: number): Promise<void> {
-    const watched = sandbox as Watched;
-    if (watched.exited) return;
-    const { pid, pidStart } = watched.handle;
+  /** Sends `signal` to the sandbox's process group, only if it is still the recorded process. */
+  async #signal(watched: Watched, signal: NodeJS.Signals): Promise<void> {
     // Signals go only to the process recorded with this start time, never to a reused pid.
-    const send = async (signal: NodeJS.Signals): Promise<void> => {
-      const same = await isSameProcess(pid, pidStart);
-      if (same && !watched.exited) signalGroup(pid, signal);
-      else if (watched.orphaned) await this.#supervisorLost(watched);
-    };
-    if (graceSeconds > 0) {
-      clearTimeout(watched.killTimer);
-      // setTimeout fires at once for delays above 2^31-1 ms (24.8 days); such a grace period
-      // is as good as unbounded, so it waits the longest a timer can.
-      watched.killTimer = setTimeout(() => void send('SIGKILL'), Math.min(graceSeconds * 1000, MAX_TIMER_MS));
+    if (watched.exited) return;
+    if (await isSameProcess(watched.pid, watched.handle.pidStart)) {
+      if (!watched.exited) signalGroup(watched.pid, signal);
+    } else if (watched.orphaned) {
+      await this.#supervisorLost(watched);
     }
-    await send(graceSeconds > 0 ? 'SIGTERM' : 'SIGKILL');
   }
 
-  async release(spec: LaunchSpec): Promise<void> {
-    await this.#opts.cgroups?.remove(this.#cgroupPath(spec));
+  async terminate(sandbox: RunningSandbox): Promise<void> {
+    await this.#signal(sandbox as Watched, 'SIGTERM');
+  }
+
+  /**
+   * SIGKILL to the sandbox's process group; half the bound for it to die of that and its
+   * supervisor to record the exit (137), the rest to end everything in its cgroup, the
+   * supervisor included (the exit is then unknown, 255).
+   */
+  async kill(sandbox: RunningSandbox, signal: CallSignal): Promise<void> {
+    const watched = sandbox as Watched;
+    const bound = this.#bound(signal);
+    await this.#signal(watched, 'SIGKILL');
+    // A sandbox whose supervisor is gone has no one to report its exit: it is checked here.
+    const exited = async (): Promise<boolean> => {
+      if (watched.orphaned && !watched.exited) await this.#supervisorLost(watched);
+      return watched.exited;
+    };
+    if (await pollUntil(exited, { ...bound, deadline: Date.now() + bound.ms / 2 })) return;
+    if (this.#opts.cgroups !== undefined) {
+      await this.#endCgroup(watched.key, watched.cgroupPath, bound);
+    } else {
+      await pollUntil(async () => !(await isSameProcess(watched.pid, watched.handle.pidStart)), bound);
+    }
+    await this.#collect(watched);
+    if (!watched.exited) {
+      throw new TsboxError('DeadlineExceeded', `sandbox ${watched.key}: process ${watched.pid} is still there ${bound.ms} ms after SIGKILL (kill_timeout_ms)`);
+    }
+  }
+
+  async release(spec: LaunchSpec, signal: CallSignal): Promise<void> {
+    const { cgroups } = this.#opts;
+    if (cgroups !== undefined) {
+      // Whatever the sandbox left in its cgroup (a child that left its process group) goes too.
+      const bound = this.#bound(signal);
+      const path = this.#cgroupPath(spec);
+      await this.#endCgroup(`${spec.namespace}/${spec.id}`, path, bound);
+      await cgroups.remove(path, bound);
+    }
     await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(
       ignoreError('usually absent; a leftover notice only makes tsbox look at the exit file again'),
     );
@@ -481,7 +534,6 @@ export class ProcessBackend implements RuntimeBackend {
   close(): void {
     this.#watcher?.close();
     clearInterval(this.#poll);
-    for (const watched of this.#watched.values()) clearTimeout(watched.killTimer);
   }
 }
 

@@ -3,6 +3,7 @@ import { lstat, readFile, readdir, readlink, unlink } from 'node:fs/promises';
 import { createConnection } from 'node:net';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
+import { isGone, readIfPresent, withPath } from '../errors.js';
 import { isSameProcess, processStartTime, signalProcess } from './proc.js';
 
 /**
@@ -57,11 +58,16 @@ async function holdsSocket(pid: number, inodes: ReadonlySet<string>): Promise<bo
   let fds: string[];
   try {
     fds = await readdir(`/proc/${pid}/fd`);
-  } catch {
-    return false; // the process is gone
+  } catch (err) {
+    if (isGone(err)) return false; // the process is gone
+    throw withPath(err, `/proc/${pid}/fd`, 'list');
   }
   for (const fd of fds) {
-    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => /* closed meanwhile */ '');
+    const path = `/proc/${pid}/fd/${fd}`;
+    const target = await readlink(path).catch((err: unknown) => {
+      if (isGone(err)) return ''; // closed meanwhile
+      throw withPath(err, path, 'read link');
+    });
     const match = /^socket:\[(\d+)\]$/.exec(target);
     if (match !== null && inodes.has(match[1] as string)) return true;
   }
@@ -88,7 +94,7 @@ export async function findPodShims(namespace: string, groupId: string): Promise<
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     const pid = Number(entry);
-    const raw = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => /* gone meanwhile */ '');
+    const raw = (await readIfPresent(`/proc/${pid}/cmdline`)) ?? ''; // '' when gone meanwhile
     const argv = raw.split('\0').filter((a) => a !== '');
     if (!basename(argv[0] ?? '').startsWith('containerd-shim')) continue;
     const address = flag(argv, 'address');

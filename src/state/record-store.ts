@@ -2,7 +2,8 @@ import { mkdir, open, readdir, rename, rm, rmdir, unlink } from 'node:fs/promise
 import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
-import { ignoreError } from '../errors.js';
+import { errnoOf, ignoreError } from '../errors.js';
+import { SerialQueue } from '../serial-queue.js';
 import type { StateLayout } from './layout.js';
 import { RECORD_FILE, RecordFiles } from './record-files.js';
 import { SharedDirSyncs, syncPath, type SyncFile } from './sync.js';
@@ -11,8 +12,6 @@ export interface FileRecordStoreOptions {
   /** Makes a file or directory durable; default `handle.sync()`. Tests count or stall it. */
   readonly fsync?: SyncFile;
 }
-
-const codeOf = (err: unknown): string | undefined => (err as NodeJS.ErrnoException).code;
 
 /**
  * One record file per sandbox, `sandboxes/<ns>/<id>/record.json`, and nothing else: the file
@@ -37,15 +36,15 @@ export class FileRecordStore implements RecordStore {
   readonly #layout: StateLayout;
   readonly #files: RecordFiles;
   readonly #fsync: SyncFile;
-  /** The last operation queued on each sandbox's files; an entry goes when it settles. */
-  readonly #tails = new Map<string, Promise<void>>();
+  /** The operations on each sandbox's files, keyed by its directory. */
+  readonly #sandboxQueue = new SerialQueue();
   /** Sandboxes whose directory is known durable in this run: later saves sync less. */
   readonly #durableDirs = new Set<string>();
   /** Namespace directories whose entry in sandboxes/ is known durable in this run. */
   readonly #durableNamespaces = new Set<string>();
   readonly #shared: SharedDirSyncs;
-  /** The last creation or removal queued on each namespace directory. */
-  readonly #namespaceLocks = new Map<string, Promise<void>>();
+  /** The creations and removals of each namespace directory. */
+  readonly #namespaceQueue = new SerialQueue();
   #closed = false;
 
   constructor(layout: StateLayout, logger: Logger, options: FileRecordStoreOptions = {}) {
@@ -72,13 +71,13 @@ export class FileRecordStore implements RecordStore {
   /** Waits for every queued operation; later saves and removes reject. */
   async close(): Promise<void> {
     this.#closed = true;
-    await Promise.all(this.#tails.values());
+    await this.#sandboxQueue.settled();
   }
 
   #queue(namespace: string, id: string, operation: (dir: string) => Promise<void>): Promise<void> {
     if (this.#closed) return Promise.reject(new Error('the record store is closed'));
     const dir = this.#layout.sandboxDir(namespace, id);
-    return inTurn(this.#tails, dir, () => operation(dir));
+    return this.#sandboxQueue.run(dir, () => operation(dir));
   }
 
   async #write(dir: string, json: string): Promise<void> {
@@ -133,7 +132,7 @@ export class FileRecordStore implements RecordStore {
 
   /** Runs `body` alone among the creations and removals of the namespace's directory. */
   #underNamespace<T>(nsDir: string, body: () => Promise<T>): Promise<T> {
-    return inTurn(this.#namespaceLocks, nsDir, body);
+    return this.#namespaceQueue.run(nsDir, body);
   }
 
   /** Everything in the sandbox directory, then the directory, then an empty namespace directory. */
@@ -144,13 +143,13 @@ export class FileRecordStore implements RecordStore {
     try {
       names = await readdir(dir);
     } catch (err) {
-      if (codeOf(err) === 'ENOENT') return;
+      if (errnoOf(err) === 'ENOENT') return;
       throw err;
     }
     await Promise.all(
       names.map((name) =>
         unlink(join(dir, name)).catch(async (err: unknown) => {
-          if (codeOf(err) === 'ENOENT') return;
+          if (errnoOf(err) === 'ENOENT') return;
           // A directory, or a file the runtime made read-only: take it whole.
           await rm(join(dir, name), { recursive: true, force: true });
         }),
@@ -158,7 +157,7 @@ export class FileRecordStore implements RecordStore {
     );
     // Whatever the runtime added meanwhile goes too.
     await rmdir(dir).catch(async (err: unknown) => {
-      if (codeOf(err) !== 'ENOENT') await rm(dir, { recursive: true, force: true });
+      if (errnoOf(err) !== 'ENOENT') await rm(dir, { recursive: true, force: true });
     });
     const removed = await this.#underNamespace(nsDir, async () => {
       try {
@@ -166,7 +165,7 @@ export class FileRecordStore implements RecordStore {
         this.#durableNamespaces.delete(nsDir);
         return true;
       } catch (err) {
-        const code = codeOf(err);
+        const code = errnoOf(err);
         if (code === 'ENOENT') this.#durableNamespaces.delete(nsDir);
         if (code !== 'ENOTEMPTY' && code !== 'EEXIST' && code !== 'ENOENT') throw err;
         return code === 'ENOENT';
@@ -179,27 +178,10 @@ export class FileRecordStore implements RecordStore {
         await this.#shared.sync(nsDir);
         return;
       } catch (err) {
-        if (codeOf(err) !== 'ENOENT') throw err;
+        if (errnoOf(err) !== 'ENOENT') throw err;
       }
     }
     await this.#shared.sync(this.#layout.sandboxes);
   }
 }
 
-/**
- * Runs `operation` after the last one queued under `key` settles, whatever its outcome (that
- * one's failure went to its own caller); `tails` keeps the last of each key until it settles.
- */
-function inTurn<T>(tails: Map<string, Promise<void>>, key: string, operation: () => Promise<T>): Promise<T> {
-  const previous = tails.get(key) ?? Promise.resolve();
-  const current = previous.then(operation);
-  const tail = current.then(
-    () => undefined,
-    ignoreError('reported to the caller of this operation; the next one runs regardless'),
-  );
-  tails.set(key, tail);
-  void tail.then(() => {
-    if (tails.get(key) === tail) tails.delete(key);
-  });
-  return current;
-}

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import type { ServerOptions } from '@grpc/grpc-js';
+import { isGone, withPath } from '../errors.js';
 
 /**
  * The transport's limits, each with why it has its value. The peer is containerd: one
@@ -97,9 +98,10 @@ export function openFilesLimit(): number {
   let text: string;
   try {
     text = readFileSync('/proc/self/limits', 'utf8');
-  } catch {
+  } catch (err) {
     // Not Linux, or no /proc: assume the usual default soft limit.
-    return 1024;
+    if (isGone(err)) return 1024;
+    throw withPath(err, '/proc/self/limits', 'read');
   }
   const match = /^Max open files\s+(\d+|unlimited)/m.exec(text);
   if (match === null || match[1] === 'unlimited') return 1024 * 1024;

@@ -355,4 +355,49 @@ describe('a supervisor that never answers its start handshake', () => {
       rmSync(scratch, { recursive: true, force: true });
     }
   });
+
+  test('that Start also ends a child the sandbox forked into a session of its own, and removes the cgroup', async () => {
+    const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-mute-'));
+    const mute = path.join(scratch, 'mute-forking-supervisor');
+    // Takes the supervisor's place: joins the cgroups it is given, as the real one does, then
+    // forks a child that leaves its process group (so only the cgroup holds it) and ignores
+    // SIGTERM, and never answers.
+    const child = '7431.5';
+    const supervisor = '7431.75';
+    writeFileSync(
+      mute,
+      [
+        '#!/bin/sh',
+        'while [ $# -gt 0 ]; do',
+        '  if [ "$1" = --cgroup ]; then echo $$ > "$2/cgroup.procs"; shift; fi',
+        '  shift',
+        'done',
+        `setsid sh -c 'trap "" TERM; exec sleep ${child}' &`,
+        `exec sleep ${supervisor}`,
+        '',
+      ].join('\n'),
+      { mode: 0o755 },
+    );
+    const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--shim-path', mute, '--start-timeout-ms', '500'] }), { label: 'tsbox-mute-' });
+    const ns = uniqueNamespace('mutefork');
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        const id = 'forks';
+        daemon.track(ns, id);
+        await client.create({ sandboxId: id, sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' } } });
+        const err = await expectCode(client.start({ sandboxId: id }, { timeoutMs: 15_000 }), GrpcStatus.FAILED_PRECONDITION);
+        assert.match(err.details, /did not answer within 500 ms/);
+        // The Start answers only once its clean-up is over: nothing of it is left by then.
+        assert.deepEqual(processesNaming(child), [], 'the forked child outlived the failed Start');
+        assert.deepEqual(processesNaming(supervisor), [], 'the supervisor outlived the failed Start');
+        for (const cgroup of sandboxCgroupDirs(ns, id)) assert.equal(existsSync(cgroup), false, `${cgroup} left behind`);
+        await client.shutdown({ sandboxId: id }, { timeoutMs: 5000 });
+        await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+      });
+    } finally {
+      await daemon.teardown();
+      rmSync(scratch, { recursive: true, force: true });
+    }
+  });
 });

@@ -4,14 +4,36 @@
  * nothing else (SPEC.md section 3).
  */
 import assert from 'node:assert/strict';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { uniqueNamespace } from '../support/host.js';
-import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
-import { GrpcStatus, expectCode } from '../support/grpc-client.js';
+import { sandboxCgroupDirs, sandboxCgroupName, uniqueNamespace } from '../support/host.js';
+import { type TsboxDaemon, startSandboxerDaemon, startTsbox, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
+import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
 import { alive, createAndStart, delay, ociSpec, procExists, withLog } from './fixtures.js';
 
 const TRAPS_TERM = 'trap "exit 0" TERM; while :; do sleep 0.1; done';
 const IGNORES_TERM = 'trap "" TERM; while :; do sleep 0.1; done';
+
+function shSandbox(id: string, script: string) {
+  return { sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' }, spec: ociSpec(['sh', '-c', script]) } };
+}
+
+/** The sandbox's record as tsbox wrote it. */
+function recordOf(daemon: TsboxDaemon, namespace: string, id: string): { state: string; killAt?: { seconds: number; nanos: number } } {
+  return JSON.parse(readFileSync(path.join(daemon.sandboxDir(namespace, id), 'record.json'), 'utf8')) as { state: string; killAt?: { seconds: number; nanos: number } };
+}
+
+/** Where the cgroup v1 freezer hierarchy is mounted. */
+function freezerMount(): string {
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    const [type, , options] = (right ?? '').split(' ');
+    const mountPoint = left?.split(' ')[4];
+    if (type === 'cgroup' && mountPoint !== undefined && (options ?? '').split(',').includes('freezer')) return mountPoint;
+  }
+  throw new Error('this test freezes a process with the cgroup v1 freezer, which is not mounted here (a cgroup v2 node lets SIGKILL through a frozen cgroup)');
+}
 
 describe('Stop with a grace period', () => {
   let daemon: TsboxDaemon | undefined;
@@ -30,9 +52,6 @@ describe('Stop with a grace period', () => {
     return daemon;
   }
 
-  function shSandbox(id: string, script: string) {
-    return { sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' }, spec: ociSpec(['sh', '-c', script]) } };
-  }
 
   test('Stop(2) on a process that exits on SIGTERM: Wait returns its own status 0, not 137', () =>
     withLog(daemon, async () => {
@@ -185,4 +204,83 @@ describe('deadlines and cancellation', () => {
       assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_NOTREADY');
       await client.shutdown({ sandboxId: id });
     }));
+});
+
+describe('a graceful Stop across a restart of tsbox', () => {
+  test('the SIGKILL comes at the deadline in the record although tsbox was killed during the grace period', async () => {
+    const daemon = await startTsbox('tsbox-stop-restart', { closeClientsOnExit: true });
+    const ns = uniqueNamespace('stoprestart');
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        const id = 'grace-restart';
+        const { pid } = await createAndStart(daemon, client, id, shSandbox(id, IGNORES_TERM));
+        const stopping = client.stop({ sandboxId: id, timeoutSecs: 3 }).then(
+          () => 'answered',
+          (err: unknown) => `failed: ${(err as Error).message}`,
+        );
+        // The deadline is durable before the SIGTERM is sent.
+        const killAt = await waitFor(() => recordOf(daemon, ns, id).killAt, { what: 'the kill deadline in the record', timeoutMs: 5000 });
+        const killAtMs = killAt.seconds * 1000 + Math.floor(killAt.nanos / 1e6);
+        await daemon.kill9();
+        assert.match(await stopping, /^failed: /, 'the Stop in flight ends with the daemon');
+        assert.ok(alive(pid), 'the sandbox ignores SIGTERM and its grace period has not passed');
+        await daemon.start();
+        const exit = await client.wait({ sandboxId: id }, { timeoutMs: 15_000 });
+        assert.equal(exit.exitStatus, 137, 'killed by the SIGKILL at the deadline');
+        assert.ok((timestampMs(exit.exitedAt) ?? 0) >= killAtMs, `exited at ${exit.exitedAt?.seconds}, before the deadline ${killAtMs} ms`);
+        assert.equal(procExists(pid), false);
+        const record = recordOf(daemon, ns, id);
+        assert.equal(record.state, 'exited');
+        assert.equal(record.killAt, undefined, 'the deadline is spent once the exit is recorded');
+        await client.shutdown({ sandboxId: id });
+      });
+    } finally {
+      await daemon.teardown();
+    }
+  });
+});
+
+describe('processes that outlive SIGKILL', () => {
+  test('Stop fails within kill_timeout_ms naming the cgroup and the pid left; once it can die, Stop and Shutdown work', async () => {
+    const killTimeoutMs = 600;
+    const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--kill-timeout-ms', String(killTimeoutMs)] }), { label: 'tsbox-stuck-' });
+    const ns = uniqueNamespace('stuck');
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        const id = 'frozen';
+        const { pid } = await createAndStart(daemon, client, id, shSandbox(id, IGNORES_TERM));
+        // A cgroup of its own below the sandbox's, frozen: a SIGKILL stays pending until it is
+        // thawed, and thawing the sandbox's cgroup does not thaw it.
+        const held = path.join(freezerMount(), 'tsbox', sandboxCgroupName(ns, id), 'held');
+        mkdirSync(held);
+        writeFileSync(path.join(held, 'cgroup.procs'), String(pid));
+        writeFileSync(path.join(held, 'freezer.state'), 'FROZEN');
+        await waitFor(() => readFileSync(path.join(held, 'freezer.state'), 'utf8').trim() === 'FROZEN', { what: 'the sandbox frozen', timeoutMs: 5000 });
+
+        const began = Date.now();
+        const err = await expectCode(client.stop({ sandboxId: id, timeoutSecs: 0 }, { timeoutMs: 20_000 }), GrpcStatus.DEADLINE_EXCEEDED);
+        const tookMs = Date.now() - began;
+        const cgroup = `/tsbox/${sandboxCgroupName(ns, id)}`;
+        assert.match(err.details, new RegExp(`cgroup v1 ${cgroup} still holds 1 process\\(es\\) ${killTimeoutMs} ms after they were killed \\(kill_timeout_ms\\): pids ${pid}$`));
+        assert.ok(tookMs < killTimeoutMs + 2000, `Stop took ${tookMs} ms, beyond the ${killTimeoutMs} ms bound`);
+        assert.match(daemon.logText(), new RegExp(`cannot end the processes of the sandbox: cgroup v1 ${cgroup} .*pids ${pid}`));
+        assert.ok(alive(pid), 'frozen, the sandbox cannot have died');
+
+        writeFileSync(path.join(held, 'freezer.state'), 'THAWED');
+        // Its SIGKILL was pending: it dies now, and the next Stop and Shutdown succeed.
+        await client.stop({ sandboxId: id, timeoutSecs: 0 }, { timeoutMs: 20_000 });
+        // Dead (its parent, the supervisor, is gone: a zombie until whoever inherited it reaps it).
+        assert.equal(alive(pid), false);
+        // The supervisor went with the cgroup: how the sandbox ended is unknown.
+        assert.equal((await client.wait({ sandboxId: id })).exitStatus, 255);
+        await client.shutdown({ sandboxId: id }, { timeoutMs: 20_000 });
+        for (const dir of sandboxCgroupDirs(ns, id)) assert.equal(existsSync(dir), false, `${dir} left behind`);
+        await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+      });
+    } finally {
+      await daemon.teardown();
+    }
+  });
 });

@@ -170,18 +170,17 @@ export type FakeRecovery =
   | { readonly kind: 'exited'; readonly exit: ExitInfo }
   | { readonly kind: 'error'; readonly error: Error };
 
-/** One kill() call. */
+/** One terminate() (SIGTERM) or kill() (SIGKILL) call. */
 export interface KillCall {
   readonly key: string;
-  readonly graceSeconds: number;
+  readonly signal: FakeSignal;
 }
 
 /**
  * A RuntimeBackend fully in memory. Start failures are queued with `failNextStart`;
- * sandboxes exit when the test calls `exitWith`, or when killed: kill(…, 0) ends them with
- * 137, kill(…, N) sends SIGTERM and ends them with 143, unless they ignore TERM, in which
- * case SIGKILL follows (137) when the fake clock passes N seconds or `expireGracePeriods()`
- * is called.
+ * sandboxes exit when the test calls `exitWith`, or when signalled: kill() ends them with
+ * 137, terminate() with 143 unless they ignore TERM (the controller keeps the grace period).
+ * When `killError` is set, kill() throws it and the sandbox keeps running.
  */
 export class FakeBackend implements RuntimeBackend {
   readonly name = 'fake';
@@ -214,9 +213,10 @@ export class FakeBackend implements RuntimeBackend {
   releaseError: Error | undefined;
   /** When set, abandon() throws it. */
   abandonError: Error | undefined;
+  /** When set, kill() throws it (processes that outlive SIGKILL) and the sandbox keeps running. */
+  killError: Error | undefined;
   readonly #startFailures: Error[] = [];
   readonly #recoveries = new Map<string, FakeRecovery>();
-  readonly #graceTimers: (() => void)[] = [];
   #nextPid = 4000;
 
   constructor(clock: FakeClock = new FakeClock()) {
@@ -247,11 +247,6 @@ export class FakeBackend implements RuntimeBackend {
   releaseCount(namespace: string, id: string): number {
     const key = keyOf(namespace, id);
     return this.released.filter((k) => k === key).length;
-  }
-
-  /** Ends every sandbox still waiting out a SIGTERM grace period with SIGKILL (137). */
-  expireGracePeriods(): void {
-    for (const fire of this.#graceTimers.splice(0)) fire();
   }
 
   async start(spec: LaunchSpec): Promise<RunningSandbox> {
@@ -300,45 +295,33 @@ export class FakeBackend implements RuntimeBackend {
     return Promise.resolve();
   }
 
-  abandon(spec: LaunchSpec): Promise<void> {
+  abandon(spec: LaunchSpec, _signal: CallSignal): Promise<void> {
     this.abandoned.push(keyOf(spec.namespace, spec.id));
     if (this.abandonError !== undefined) return Promise.reject(this.abandonError);
     return Promise.resolve();
   }
 
-  kill(running: RunningSandbox, graceSeconds: number): Promise<void> {
-    this.#kill(running, graceSeconds);
+  terminate(running: RunningSandbox): Promise<void> {
+    const sandbox = this.#signalled(running, 'SIGTERM');
+    if (sandbox.exited === undefined && !sandbox.ignoreTerm) sandbox.exitWith(TERMINATED_STATUS, 'terminated');
     return Promise.resolve();
   }
 
-  #kill(running: RunningSandbox, graceSeconds: number): void {
-    if (!(running instanceof FakeSandbox)) throw new Error('kill() got a sandbox this backend did not start');
-    this.kills.push({ key: keyOf(running.spec.namespace, running.spec.id), graceSeconds });
-    if (running.exited !== undefined) return;
-    if (graceSeconds === 0) {
-      running.signals.push('SIGKILL');
-      running.exitWith(KILLED_STATUS, 'killed');
-      return;
-    }
-    running.signals.push('SIGTERM');
-    if (!running.ignoreTerm) {
-      running.exitWith(TERMINATED_STATUS, 'terminated');
-      return;
-    }
-    let cancel: () => void = () => undefined;
-    const fire = (): void => {
-      cancel();
-      const index = this.#graceTimers.indexOf(fire);
-      if (index >= 0) this.#graceTimers.splice(index, 1);
-      if (running.exited !== undefined) return;
-      running.signals.push('SIGKILL');
-      running.exitWith(KILLED_STATUS, 'killed after the grace period');
-    };
-    cancel = this.clock.schedule(graceSeconds * 1000, fire);
-    this.#graceTimers.push(fire);
+  kill(running: RunningSandbox, _signal: CallSignal): Promise<void> {
+    if (this.killError !== undefined) return Promise.reject(this.killError);
+    const sandbox = this.#signalled(running, 'SIGKILL');
+    if (sandbox.exited === undefined) sandbox.exitWith(KILLED_STATUS, 'killed');
+    return Promise.resolve();
   }
 
-  release(spec: LaunchSpec): Promise<void> {
+  #signalled(running: RunningSandbox, signal: FakeSignal): FakeSandbox {
+    if (!(running instanceof FakeSandbox)) throw new Error('kill() got a sandbox this backend did not start');
+    this.kills.push({ key: keyOf(running.spec.namespace, running.spec.id), signal });
+    if (running.exited === undefined) running.signals.push(signal);
+    return running;
+  }
+
+  release(spec: LaunchSpec, _signal: CallSignal): Promise<void> {
     this.released.push(keyOf(spec.namespace, spec.id));
     if (this.releaseError !== undefined) return Promise.reject(this.releaseError);
     return Promise.resolve();

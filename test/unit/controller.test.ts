@@ -7,7 +7,7 @@ import { describe, test } from 'node:test';
 import { pino } from 'pino';
 import { Controller, UNKNOWN_EXIT_STATUS, type CreateRequest } from '../../src/controller/controller.js';
 import type { ExitInfo, HostPlatform, SandboxRecord } from '../../src/controller/types.js';
-import { TsboxError, isTsboxError, type ErrorKind } from '../../src/errors.js';
+import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/errors.js';
 import {
   FakeBackend,
   FakeClock,
@@ -38,6 +38,7 @@ function setup(): { clock: FakeClock; backend: FakeBackend; store: MemoryRecordS
     platform: PLATFORM,
     stateDir: STATE_DIR,
     clock: clock.now,
+    schedule: (delayMs, callback) => clock.schedule(delayMs, callback),
   });
   return { clock, backend, store, controller };
 }
@@ -449,7 +450,7 @@ describe('Stop', () => {
   });
 
   test('Stop ends with the caller\'s deadline and changes nothing else', async () => {
-    const { backend, controller } = setup();
+    const { clock, backend, controller } = setup();
     backend.ignoreTerm = true;
     await createAndStart(controller);
     const deadline = new AbortController();
@@ -462,7 +463,7 @@ describe('Stop', () => {
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
     assert.equal(waiter.settled, false);
 
-    backend.expireGracePeriods();
+    clock.advance(30_000);
     await until(() => waiter.settled, 'Wait answers once the sandbox is killed');
     assert.equal(waiter.value?.status, KILLED_STATUS);
   });
@@ -523,6 +524,85 @@ describe('Stop', () => {
     assert.equal(backend.kills.length, 1);
     assert.equal(store.saved.length, saves);
     assert.deepEqual(controller.status(NS, ID, true), status);
+  });
+});
+
+describe('a graceful Stop\'s deadline', () => {
+  test('is written to the record before the SIGTERM and cleared once the exit is recorded', async () => {
+    const { clock, backend, store, controller } = setup();
+    backend.ignoreTerm = true;
+    await createAndStart(controller);
+    const stop = track(controller.stop(NS, ID, 5, noDeadline()));
+    await settle();
+    assert.deepEqual(store.current(NS, ID)?.killAt, { seconds: Math.floor(clock.ms / 1000) + 5, nanos: (clock.ms % 1000) * 1_000_000 });
+    clock.advance(5000);
+    await until(() => stop.settled, 'Stop returns after the SIGKILL');
+    assert.equal(store.current(NS, ID)?.state, 'exited');
+    assert.equal(store.current(NS, ID)?.killAt, undefined);
+  });
+
+  test('a second Stop never moves a deadline later', async () => {
+    const { clock, backend, store, controller } = setup();
+    backend.ignoreTerm = true;
+    await createAndStart(controller);
+    void controller.stop(NS, ID, 5, noDeadline()).catch(ignoreError('this Stop is only how the deadline is set'));
+    await settle();
+    const first = store.current(NS, ID)?.killAt;
+    void controller.stop(NS, ID, 60, noDeadline()).catch(ignoreError('this Stop is only how the deadline is set'));
+    await settle();
+    assert.deepEqual(store.current(NS, ID)?.killAt, first);
+    clock.advance(5000);
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, KILLED_STATUS);
+  });
+
+  test('is enforced by a controller restarted during the grace period, at the recorded time', async () => {
+    const { backend, store, controller } = setup();
+    backend.ignoreTerm = true;
+    await createAndStart(controller);
+    void controller.stop(NS, ID, 30, noDeadline()).catch(ignoreError('this Stop is only how the deadline is set'));
+    await settle();
+    const killAt = store.current(NS, ID)?.killAt;
+    assert.ok(killAt !== undefined);
+    controller.close();
+
+    // The new controller starts 10 s after the Stop: 20 s are left.
+    const clock = new FakeClock(killAt.seconds * 1000 + Math.floor(killAt.nanos / 1e6) - 20_000);
+    const after = new FakeBackend(clock);
+    after.ignoreTerm = true;
+    const restarted = new Controller({
+      backend: after,
+      store,
+      logger: pino({ level: 'silent' }),
+      platform: PLATFORM,
+      stateDir: STATE_DIR,
+      clock: clock.now,
+      schedule: (delayMs, callback) => clock.schedule(delayMs, callback),
+    });
+    await restarted.recover(1);
+    const waiter = track(waitExit(restarted, NS, ID, noDeadline()));
+    clock.advance(19_999);
+    await settle();
+    assert.equal(waiter.settled, false, 'killed before the deadline');
+    clock.advance(1);
+    await until(() => waiter.settled, 'the SIGKILL at the deadline');
+    assert.equal(waiter.value?.status, KILLED_STATUS);
+    assert.deepEqual(after.sandbox(NS, ID).signals, ['SIGKILL']);
+  });
+
+  test('a SIGKILL at the deadline that cannot end the sandbox fails the Stop waiting for it, with its error', async () => {
+    const { clock, backend, controller } = setup();
+    backend.ignoreTerm = true;
+    await createAndStart(controller);
+    const stop = track(controller.stop(NS, ID, 5, noDeadline()));
+    await settle();
+    backend.killError = new TsboxError('Internal', 'cgroup v1 /tsbox/x still holds 1 process(es): pids 42');
+    clock.advance(5000);
+    await until(() => stop.settled, 'Stop answers once the SIGKILL failed');
+    assert.equal(stop.error, backend.killError);
+    assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
+    backend.killError = undefined;
+    await controller.stop(NS, ID, 0, noDeadline());
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, KILLED_STATUS);
   });
 });
 
