@@ -45,6 +45,9 @@ describe('tsbox install, doctor and uninstall under systemd', { timeout: 900_000
     if (!existsSync('/run/systemd/system')) throw new Error('this test needs systemd as init: run it in the test node (scripts/uml-node.sh)');
     if (existsSync(UNIT) || existsSync(DROP_IN)) throw new Error(`${UNIT} or ${DROP_IN} exists already: this node is not fresh`);
     systemctl('unmask', 'containerd.service');
+    // The node's root is an overlay, which overlayfs refuses as an upper layer: containerd's
+    // snapshots go on a tmpfs of their own, as on a real node's disk.
+    execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', '/var/lib/containerd']);
   });
 
   after(() => {
