@@ -17,7 +17,7 @@
  * answers, so a sandbox that runs always has a record naming it.
  *
  * Usage: tsbox-shim --dir DIR [--notify FILE] [--netns PATH] [--hostname NAME]
- *                   [--cgroup DIR]... [--unshare pid,ipc,uts,mnt] [--cwd DIR]
+ *                   [--cgroup DIR]... [--hold] [--unshare pid,ipc,uts,mnt] [--cwd DIR]
  *                   [--sysctl KEY=VALUE]... [--shm PATH --shm-size BYTES]
  *                   [--log FILE] [-- ARGV...]
  * Without ARGV the sandbox process is a built-in pause that sleeps until it is
@@ -32,6 +32,10 @@
  * the sandbox process reports its own set-up failures to the shim through a pipe. After the
  * answer the shim's exit status says how it ended: 0 exit file written, 2 exit file not
  * written, 3 exit file written but the notify file not.
+ *
+ * --hold makes the shim wait, before it joins anything or forks, for one byte on its
+ * stdin: meanwhile tsbox has systemd move it into the sandbox's scope, so the sandbox
+ * process starts there. EOF instead of the byte means the start was given up: exit 1.
  *
  * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
  * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
@@ -292,7 +296,7 @@ int main(int argc, char **argv) {
   const char *shm = NULL, *shm_size = NULL;
   const char *cgroups[MAX_CGROUPS];
   const char *sysctls[MAX_SYSCTLS];
-  int ncgroups = 0, nsysctls = 0, unshare_flags = 0;
+  int ncgroups = 0, nsysctls = 0, unshare_flags = 0, hold = 0;
   char **cmd = NULL;
 
   for (int i = 1; i < argc; i++) {
@@ -301,6 +305,8 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--") == 0) {
       if (i + 1 < argc) cmd = &argv[i + 1];
       break;
+    } else if (strcmp(a, "--hold") == 0) {
+      hold = 1;
     } else if (v == NULL) {
       fail("option %s needs a value", a);
     } else if (strcmp(a, "--dir") == 0) {
@@ -345,6 +351,14 @@ int main(int argc, char **argv) {
   /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
   if (set_signals(detached_signals, SIG_IGN) < 0) fail("signal: %s", strerror(errno));
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
+  if (hold) {
+    char go;
+    ssize_t n;
+    do n = read(STDIN_FILENO, &go, 1);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) fail("read the go-ahead on stdin: %s", strerror(errno));
+    if (n == 0) fail("the start was given up before the go-ahead");
+  }
 
   /*
    * Joining a cgroup. On v1 the supervisor writes "0" (itself) to the hierarchy's tasks file:

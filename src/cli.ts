@@ -13,6 +13,7 @@ import { withContainerdPaths } from './containerd-paths.js';
 import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from './ops/containerd-client.js';
 import { EXIT_CODE_HELP } from './ops/exit-codes.js';
 import { sandboxerTables } from './ops/install.js';
+import { systemdIsInit } from './runtime/systemd.js';
 import type { RunOptions } from './ops/sandbox-commands.js';
 
 /** Where the operator commands reach containerd. */
@@ -315,7 +316,7 @@ export function parseCommand(argv: readonly string[]): Command {
 /** The config.toml snippet that registers tsbox with containerd 2.x (SPEC.md section 1). */
 export function containerdSnippet(config: Config): string {
   return `# containerd config.toml (version 3) — register tsbox as a sandboxer
-${sandboxerTables(config, ' (SPEC.md section 7)')}`;
+${sandboxerTables(config, ' (SPEC.md section 7)', systemdIsInit())}`;
 }
 
 export { ConfigError };

@@ -15,6 +15,7 @@ import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
 import { ProcessBackend } from './runtime/process-backend.js';
 import { type StateLock, StateDirInUseError, lockStateDir } from './runtime/state-lock.js';
+import { SystemdScopes, connectSystemd, systemdIsInit } from './runtime/systemd.js';
 import { stateLayout } from './state/layout.js';
 import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
@@ -34,12 +35,14 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
   const { manager, reason } = detectCgroups();
   if (manager === undefined) logger.warn({ reason }, 'no cgroups: Metrics will answer UNIMPLEMENTED');
   if (!config.namespaces) logger.warn('sandboxes run without their own namespaces (not root, or disabled)');
+  const systemdLog = logger.child({ component: 'systemd' });
   const backend = new ProcessBackend({
     layout: stateLayout(config.stateDir),
     shimPath: config.shimPath,
     namespaces: config.namespaces,
     cgroups: manager,
     cgroupParent: config.cgroupParent,
+    systemd: systemdIsInit() ? new SystemdScopes(() => connectSystemd(systemdLog), systemdLog) : undefined,
     podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
     containerdAddress: config.containerdAddress,
     startTimeoutMs: config.startTimeoutMs,

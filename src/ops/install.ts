@@ -12,6 +12,7 @@ import { isDeepStrictEqual } from 'node:util';
 import { parse as parseToml } from 'smol-toml';
 import type { Config } from '../config.js';
 import { messageOf } from '../errors.js';
+import { systemdIsInit } from '../runtime/systemd.js';
 import { EXIT, OperatorError } from './exit-codes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
@@ -28,6 +29,8 @@ export interface InstallOptions {
   readonly containerdConfig: string;
   /** The tsbox command the unit runs; default: this program as it was started. */
   readonly execPath?: string | undefined;
+  /** runc's systemd cgroup driver for the CRI handler; default: whether systemd is this machine's init. */
+  readonly systemdCgroup?: boolean;
   readonly output: Output;
 }
 
@@ -72,6 +75,8 @@ ExecStartPost=${ready}
 KillMode=process
 Delegate=yes
 Restart=on-failure
+# Exit 2 is a bad command line or configuration: restarting cannot fix it.
+RestartPreventExitStatus=2
 RestartSec=2s
 # tsbox drains calls for shutdown_drain_ms (5 s by default) on SIGTERM.
 TimeoutStopSec=30s
@@ -89,7 +94,17 @@ WantedBy=multi-user.target
  * plugin on tsbox's socket and the CRI runtime handler whose pods run on it. `reference`
  * ends the comment on the handler (a pointer into SPEC.md, or nothing).
  */
-export function sandboxerTables(config: Config, reference = ''): string {
+export function sandboxerTables(config: Config, reference = '', systemdCgroup = false): string {
+  // kubelet's systemd cgroup driver sends slices as cgroup parents; runc must then make its
+  // containers' cgroups through systemd too, as the sandbox's are.
+  const options = systemdCgroup
+    ? `
+# systemd is this node's init: runc makes the containers' cgroups as systemd scopes, matching
+# kubelet's cgroupDriver: systemd.
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}.options]
+  SystemdCgroup = true
+`
+    : '';
   return `[proxy_plugins.${SANDBOXER}]
   type = "sandbox"
   address = ${JSON.stringify(config.socket)}
@@ -99,15 +114,15 @@ export function sandboxerTables(config: Config, reference = ''): string {
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "${SANDBOXER}"
-`;
+${options}`;
 }
 
 /** The drop-in containerd imports: tsbox as sandboxer and as CRI runtime handler. */
-function containerdDropIn(config: Config): string {
+function containerdDropIn(config: Config, systemdCgroup: boolean): string {
   return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
 version = 3
 
-${sandboxerTables(config)}`;
+${sandboxerTables(config, '', systemdCgroup)}`;
 }
 
 /** The config install creates when containerd has none. */
@@ -245,7 +260,7 @@ export function install(options: InstallOptions): number {
   if (existsSync(containerdConfigPath)) parseContainerd(containerdConfigPath, readFileSync(containerdConfigPath, 'utf8'));
   const changes: [string, string][] = [
     [writeOwned(at(UNIT_PATH), systemdUnit(exec, config)), at(UNIT_PATH)],
-    [writeOwned(at(DROP_IN_PATH), containerdDropIn(config)), at(DROP_IN_PATH)],
+    [writeOwned(at(DROP_IN_PATH), containerdDropIn(config, options.systemdCgroup ?? systemdIsInit())), at(DROP_IN_PATH)],
   ];
   const edit = editContainerdConfig(containerdConfigPath, true);
   changes.push([edit === 'changed' ? `added ${DROP_IN_PATH} to the imports of` : edit, containerdConfigPath]);

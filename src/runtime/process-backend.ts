@@ -23,6 +23,7 @@ import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
+import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
 import { removeStaleShimSockets, shimSocketPath, stopPodShims } from './task-shim.js';
 
 /** What the process backend records to find a sandbox again: pids with their start times. */
@@ -42,6 +43,8 @@ export interface ProcessBackendOptions {
   readonly cgroups: CgroupManager | undefined;
   /** Parent of the cgroups of sandboxes that are not Kubernetes pods (relative to the root). */
   readonly cgroupParent: string;
+  /** systemd's scopes for pods whose cgroup_parent is a slice; undefined when systemd is not init. */
+  readonly systemd: SystemdScopes | undefined;
   /** The pod files CRI mounts into containers; undefined when tsbox runs without root. */
   readonly podFiles: PodFiles | undefined;
   /** containerd's socket, from which its runtime shim names the pod's task socket. */
@@ -59,6 +62,9 @@ const UNKNOWN = 255;
 
 /** What podsandbox gives a pause container: the OOM killer takes the pod's containers first. */
 const SANDBOX_OOM_SCORE_ADJ = -998;
+
+/** What releases a supervisor started with --hold. */
+const GO_AHEAD = Buffer.from([1]);
 
 const now = systemClock;
 
@@ -232,6 +238,13 @@ export class ProcessBackend implements RuntimeBackend {
     if (pod !== undefined && !this.#opts.namespaces) {
       throw new TsboxError('FailedPrecondition', 'a Kubernetes pod needs namespaces of its own: run tsbox as root with namespaces = true');
     }
+    const slice = sliceOf(pod?.cgroupParent);
+    if (slice !== undefined && this.#opts.systemd === undefined) {
+      throw new TsboxError(
+        'FailedPrecondition',
+        `cgroup_parent ${JSON.stringify(pod?.cgroupParent)} is a systemd slice (kubelet's systemd cgroup driver), but systemd is not this node's init (/run/systemd/system is absent): set kubelet's cgroupDriver to cgroupfs`,
+      );
+    }
     const dir = layout.sandboxDir(spec.namespace, spec.id);
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await allOrFirstError([rm(join(dir, 'exit'), { force: true }), rm(join(dir, 'pid'), { force: true })]);
@@ -257,7 +270,7 @@ export class ProcessBackend implements RuntimeBackend {
       // The pod's files and its cgroup side by side; both settle before a failure is cleaned up.
       const [files, dirs] = await allOrFirstError([
         pod === undefined || podFiles === undefined ? Promise.resolve<{ readonly shm?: string }>({}) : podFiles.create(spec.id, pod),
-        cgroups === undefined
+        cgroups === undefined || slice !== undefined
           ? Promise.resolve<string[]>([])
           : cgroups.create(this.#cgroupPath(spec), limits).catch((err: unknown) => {
               throw err instanceof TsboxError ? err : new TsboxError('Internal', `create cgroup: ${messageOf(err)}`, { cause: err });
@@ -265,8 +278,17 @@ export class ProcessBackend implements RuntimeBackend {
       ]);
       if (files.shm !== undefined) args.splice(args.indexOf('--log'), 0, '--shm', files.shm, '--shm-size', String(POD_SHM_BYTES));
       for (const cgroup of dirs) args.splice(args.indexOf('--log'), 0, '--cgroup', cgroup);
-      child = spawn(shimPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env, cwd: '/' });
-      reply = await readReply(child, this.#opts.startTimeoutMs, signal);
+      // In a slice, the supervisor waits until systemd has put it in the sandbox's scope.
+      if (slice !== undefined) args.unshift('--hold');
+      child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
+      const replied = readReply(child, this.#opts.startTimeoutMs, signal);
+      if (slice !== undefined) {
+        await this.#enterScope(child, spec, slice, limits).catch((err: unknown) => {
+          replied.catch(ignoreError('the start failed before the supervisor was let go; its answer says only that'));
+          throw err;
+        });
+      }
+      reply = await replied;
       if (pod !== undefined) await this.#setOomScoreAdj(reply.pid, limits?.oomScoreAdj ?? SANDBOX_OOM_SCORE_ADJ);
     } catch (err) {
       // Whatever the attempt started goes, within the kill bound (also when the call's own
@@ -275,7 +297,7 @@ export class ProcessBackend implements RuntimeBackend {
       const bound = this.#bound(signal.aborted ? new AbortController().signal : signal);
       if (child !== undefined && child.exitCode === null && child.signalCode === null) signalGroup(child.pid ?? 0, 'SIGKILL');
       await this.#abandon(spec, bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot end the processes of a failed start'));
-      await cgroups?.remove(this.#cgroupPath(spec), bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot remove the cgroup of a failed start'));
+      await this.#removeCgroup(spec, bound).catch((e: unknown) => this.#log.error({ err: e }, 'cannot remove the cgroup of a failed start'));
       await podFiles?.remove(spec.id).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the pod files of a failed start'));
       throw err;
     }
@@ -296,6 +318,33 @@ export class ProcessBackend implements RuntimeBackend {
     child.once('exit', () => void this.#collect(watched));
     if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
     return watched;
+  }
+
+  /**
+   * Has systemd make the sandbox's scope in the pod's slice with the held supervisor in it,
+   * writes the pod's limits to the scope's cgroup files (systemd has them as properties too),
+   * then lets the supervisor go on: the sandbox process starts in the scope.
+   */
+  async #enterScope(child: ChildProcess, spec: LaunchSpec, slice: string, limits: Resources | undefined): Promise<void> {
+    // A supervisor that could not be spawned has no pid: its 'error' fails the start.
+    const { systemd, cgroups } = this.#opts;
+    if (child.pid === undefined || systemd === undefined) return;
+    // A supervisor that died meanwhile makes the write fail: its exit fails the start.
+    child.stdin?.on('error', (err) => this.#log.warn({ err }, 'cannot let the sandbox supervisor go on'));
+    try {
+      await systemd.start({ unit: scopeUnit(spec.id), slice, pid: child.pid, description: `tsbox sandbox ${spec.namespace}/${spec.id}`, limits });
+      if (limits !== undefined) await cgroups?.applyLimits(this.#cgroupPath(spec), limits);
+    } catch (err) {
+      child.stdin?.destroy();
+      throw err;
+    }
+    child.stdin?.end(GO_AHEAD);
+  }
+
+  /** Removes the sandbox's cgroup: its scope, for a pod in a slice (systemd removes the cgroup). */
+  async #removeCgroup(spec: LaunchSpec, bound: Bound): Promise<void> {
+    if (sliceOf(spec.pod?.cgroupParent) !== undefined) await this.#opts.systemd?.stop(scopeUnit(spec.id));
+    else await this.#opts.cgroups?.remove(this.#cgroupPath(spec), bound);
   }
 
   /**
@@ -339,6 +388,7 @@ export class ProcessBackend implements RuntimeBackend {
   async updateResources(spec: LaunchSpec, sandbox: RunningSandbox, limits: Resources): Promise<void> {
     const { cgroups } = this.#opts;
     if (cgroups === undefined) throw new TsboxError('FailedPrecondition', 'tsbox has no cgroups here: limits cannot be applied');
+    if (sliceOf(spec.pod?.cgroupParent) !== undefined) await this.#opts.systemd?.update(scopeUnit(spec.id), limits);
     await cgroups.applyLimits(this.#cgroupPath(spec), limits);
     if (limits.oomScoreAdj !== undefined && (await isSameProcess(sandbox.pid, (sandbox as Watched).handle.pidStart))) {
       await this.#setOomScoreAdj(sandbox.pid, limits.oomScoreAdj);
@@ -506,8 +556,8 @@ export class ProcessBackend implements RuntimeBackend {
       const bound = this.#bound(signal);
       const path = this.#cgroupPath(spec);
       await this.#endCgroup(`${spec.namespace}/${spec.id}`, path, bound);
-      await cgroups.remove(path, bound);
     }
+    await this.#removeCgroup(spec, this.#bound(signal));
     await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(
       ignoreError('usually absent; a leftover notice only makes tsbox look at the exit file again'),
     );
@@ -533,6 +583,7 @@ export class ProcessBackend implements RuntimeBackend {
 
   close(): void {
     this.#watcher?.close();
+    this.#opts.systemd?.close();
     clearInterval(this.#poll);
   }
 }

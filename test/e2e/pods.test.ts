@@ -6,7 +6,7 @@
  * and an image the tests build.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -363,15 +363,26 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       await assertNothingLeft(id, [c]);
     }));
 
-  test('the systemd form of cgroup_parent puts the sandbox in the scope runc would make', () =>
+  test('the systemd form of cgroup_parent: the scope runc would make where systemd is init, else a refusal naming the slice', () =>
     withLogs(async () => {
       const slice = `tsboxe2e-pod${process.pid}.slice`;
-      const id = await runPod(env.podConfig('slice', { linux: { cgroup_parent: slice, security_context: { namespace_options: { network: 'NODE' } } } }));
-      const pid = await sandboxPid(id);
-      const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
-      assert.ok(lines.includes(`:/tsboxe2e.slice/${slice}/cri-containerd-${id}.scope\n`), lines);
-      await removePod(id, []);
+      const config = env.podConfig('slice', { linux: { cgroup_parent: slice, security_context: { namespace_options: { network: 'NODE' } } } });
+      if (existsSync('/run/systemd/system')) {
+        const id = await runPod(config);
+        const pid = await sandboxPid(id);
+        const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
+        assert.ok(lines.includes(`:/tsboxe2e.slice/${slice}/cri-containerd-${id}.scope\n`), lines);
+        await removePod(id, []);
+        await assertNothingLeft(id, []);
+        return;
+      }
+      const { details } = await expectGrpcError(env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 }));
+      assert.ok(details.includes(`"${slice}" is a systemd slice`) && details.includes("systemd is not this node's init"), details);
+      const id = /failed to (?:create|start) sandbox "([0-9a-f]{64})"/.exec(details)?.[1];
+      assert.ok(id !== undefined, `CRI names the sandbox: ${details}`);
       await assertNothingLeft(id, []);
+      const listed = await env.cri.call('ListPodSandbox', {});
+      assert.deepEqual(listed.items.filter((p) => p.metadata?.name === 'slice'), [], 'no pod left in CRI');
     }));
 
   test('bad pod configs are refused with a precise reason and leave nothing behind', () =>

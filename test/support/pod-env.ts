@@ -84,6 +84,8 @@ export async function startPodEnv(
     tsboxMain?: string;
     /** How to run tsbox instead of this checkout's build (a release artifact's launcher). */
     tsboxCommand?: SandboxerCommand;
+    /** More of containerd's config (TOML tables), e.g. runc options of the handlers. */
+    containerdToml?: string;
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason();
@@ -117,7 +119,7 @@ export async function startPodEnv(
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "podsandbox"
-`,
+${options.containerdToml ?? ''}`,
     });
     // CNI: containerd's private bin dir gets the Debian plugins, its conf dir our bridge.
     for (const plugin of ['bridge', 'host-local', 'loopback']) {
