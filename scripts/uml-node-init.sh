@@ -51,4 +51,13 @@ cp "$dir/share/tsbox-node.service" "$units/tsbox-node.service"
 mkdir -p "$units/multi-user.target.wants"
 ln -sfn ../tsbox-node.service "$units/multi-user.target.wants/tsbox-node.service"
 
-exec chroot "$root" /lib/systemd/systemd --log-target=console
+# The overlay becomes the root of the mount namespace (not just of this process, as chroot
+# would make it): whatever enters a mount namespace later (setns, as runc does) finds the
+# overlay as its root, never the hostfs view below it.
+mkdir -p "$root/.tsbox-node-oldroot"
+cd "$root"
+pivot_root . .tsbox-node-oldroot || fail "pivot_root into the overlay failed"
+umount -l /.tsbox-node-oldroot || fail "cannot detach the old root"
+rmdir /.tsbox-node-oldroot
+cd /
+exec /lib/systemd/systemd --log-target=console

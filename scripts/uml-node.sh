@@ -66,10 +66,8 @@ pid=""
 # are copies of the kernel's process).
 marker="uml_dir=$node/uml"
 node_processes() {
-  local p
-  for p in /proc/[0-9]*; do
-    { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -qF -- "$marker" && echo "${p#/proc/}"
-  done
+  # "[u]ml_dir=..." matches the marker but not grep's own command line.
+  grep -lsa -- "[u]${marker#u}" /proc/[0-9]*/cmdline | sed 's|^/proc/\([0-9]*\)/cmdline$|\1|' | tr '\n' ' ' | sed 's/ $//'
   return 0
 }
 
