@@ -2,6 +2,12 @@
 # Kubernetes' CRI validation suite (critest, from ../shared/tools/critest or CRITEST_DIR) on
 # tsbox pods, against containerd's own podsandbox in the same run: every spec that passes with
 # containerd's default handler must pass with handler tsbox. Needs root and a built tsbox.
+#
+#   scripts/critest.sh            both runs and the comparison
+#   scripts/critest.sh --prepare  only the stand-in images the suite pulls (built once into
+#                                 CRITEST_IMAGES, default .cache/critest-images; building them
+#                                 downloads Debian's busybox, so a node without network needs
+#                                 them prepared beforehand)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tool="${CRITEST_DIR:-../shared/tools/critest}"
@@ -9,6 +15,19 @@ if [ ! -f "$tool/run-critest.sh" ]; then
   echo "critest: $tool/run-critest.sh not found (set CRITEST_DIR)" >&2
   exit 1
 fi
+images="${CRITEST_IMAGES:-$PWD/.cache/critest-images}"
+if [ ! -f "$images/images.list" ]; then
+  echo "==> critest: building the stand-in images into $images" >&2
+  rm -rf "$images.new"
+  bash "$tool/images/build-images.sh" "$images.new" > "$images.log" 2>&1 || {
+    tail -n 20 "$images.log" >&2
+    echo "critest: building the images failed (log $images.log)" >&2
+    exit 1
+  }
+  mv "$images.new" "$images"
+  rm -f "$images.log"
+fi
+[ "${1:-}" = --prepare ] && exit 0
 base="$(mktemp -d /tmp/crt.XXXXXX)"
 # Kept when something failed, for the logs (containerd's, tsbox's, critest's) in it.
 trap 'if [ "$ok" = 1 ]; then rm -rf "$base"; else echo "critest: work dir kept: $base" >&2; fi' EXIT
@@ -19,6 +38,7 @@ run() { # handler work-dir
   # tsbox must know the private containerd's directories: that is where CRI looks for pod files.
   cmd+=" --containerd-root $work/ctrd/root --containerd-state $work/ctrd/state --containerd-address $work/ctrd/containerd.sock"
   echo "==> critest: handler $handler" >&2
+  mkdir -p "$work" && cp -a "$images" "$work/images"
   CRITEST_WORK="$work" TSBOX_CMD="$cmd" bash "$tool/run-critest.sh" "$handler" > "$work.out" 2> "$work.err" || true
   tail -n 1 "$work.out" >&2
 }

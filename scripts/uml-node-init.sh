@@ -38,15 +38,16 @@ mount -t hostfs tsbox-node-share -o "$dir/share" "$root/tsbox-node" || fail "hos
 mkdir -p "$root/usr/lib/modules"
 ln -sfn "$modules" "$root/usr/lib/modules/$release"
 
-# Units: the host's enabled services stay off (the node has no network and no disks of its
-# own, and the tests run their own containerd); the command runs as a oneshot service that
-# powers the node off when it ends, whatever its result.
+# Units: whatever the host's administrator enabled stays off (the node has no network and no
+# disks of its own, and the tests run their own containerd and registry), and so does the
+# console's login prompt; the command runs as a oneshot service that powers the node off when
+# it ends, whatever its result.
 units="$root/etc/systemd/system"
-for unit in containerd.service postgresql.service e2scrub_reap.service systemd-timesyncd.service \
-  systemd-pstore.service getty@tty1.service console-getty.service apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer \
-  e2scrub_all.timer fstrim.timer man-db.timer remote-fs.target; do
-  ln -sfn /dev/null "$units/$unit"
+for wanted in "$units"/*.wants/*; do
+  [ -e "$wanted" ] || [ -L "$wanted" ] || continue
+  ln -sfn /dev/null "$units/${wanted##*/}"
 done
+ln -sfn /dev/null "$units/console-getty.service"
 cp "$dir/share/tsbox-node.service" "$units/tsbox-node.service"
 mkdir -p "$units/multi-user.target.wants"
 ln -sfn ../tsbox-node.service "$units/multi-user.target.wants/tsbox-node.service"
