@@ -30,6 +30,8 @@ if [ "${1:-}" = --inside ]; then
     echo "test-uml-node: --inside runs only in the node (cgroup2 at /sys/fs/cgroup, systemd as pid 1)" >&2
     exit 2
   fi
+  # A write to the repository that the host must never see (checked there afterwards).
+  echo "written inside the node" > .tsbox-node-probe
   echo "==> node up: kernel $(uname -r), $(awk '{printf "%.0f", $1}' /proc/uptime) s since boot, controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
   summary=()
   failed=0
@@ -74,4 +76,9 @@ started=$SECONDS
 rc=0
 bash "$here/uml-node.sh" --repo "$repo" --timeout "$timeout" -- bash scripts/test-uml-node.sh --inside "${parts[@]}" || rc=$?
 echo "==> node tier: $((SECONDS - started)) s in all, boot and power-off included (exit $rc)"
+if [ -e .tsbox-node-probe ]; then
+  echo "test-uml-node: a file written inside the node reached the host: $repo/.tsbox-node-probe" >&2
+  rm -f .tsbox-node-probe
+  rc=1
+fi
 exit "$rc"
