@@ -7,6 +7,12 @@
 # did: containerd 2.1 has races on the version-2 route that a full run hits now and then (the
 # runc shim ends with a pod's last container, so a late Kill gets "ttrpc: closed"). Only a
 # spec that fails again counts; the output says which specs were rerun and how they went.
+#
+#   scripts/critest.sh            both runs and the comparison
+#   scripts/critest.sh --prepare  only the stand-in images the suite pulls (built once into
+#                                 CRITEST_IMAGES, default .cache/critest-images; building them
+#                                 downloads Debian's busybox, so a node without network needs
+#                                 them prepared beforehand)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tool="${CRITEST_DIR:-../shared/tools/critest}"
@@ -14,6 +20,19 @@ if [ ! -f "$tool/run-critest.sh" ]; then
   echo "critest: $tool/run-critest.sh not found (set CRITEST_DIR)" >&2
   exit 1
 fi
+images="${CRITEST_IMAGES:-$PWD/.cache/critest-images}"
+if [ ! -f "$images/images.list" ]; then
+  echo "==> critest: building the stand-in images into $images" >&2
+  rm -rf "$images.new"
+  bash "$tool/images/build-images.sh" "$images.new" > "$images.log" 2>&1 || {
+    tail -n 20 "$images.log" >&2
+    echo "critest: building the images failed (log $images.log)" >&2
+    exit 1
+  }
+  mv "$images.new" "$images"
+  rm -f "$images.log"
+fi
+[ "${1:-}" = --prepare ] && exit 0
 base="$(mktemp -d /tmp/crt.XXXXXX)"
 # Kept when something failed, for the logs (containerd's, tsbox's, critest's) in it.
 trap 'if [ "$ok" = 1 ]; then rm -rf "$base"; else echo "critest: work dir kept: $base" >&2; fi' EXIT
@@ -26,6 +45,7 @@ run() { # handler work-dir [result-name focus]
   local out="$work.out" err="$work.err"
   [ -z "$name" ] || { out="$work.$name.out"; err="$work.$name.err"; }
   echo "==> critest: handler $handler${name:+ ($name)}" >&2
+  [ -d "$work/images" ] || { mkdir -p "$work" && cp -a "$images" "$work/images"; }
   CRITEST_WORK="$work" TSBOX_CMD="$tsbox_cmd" RESULT_NAME="${name:-$handler}" FOCUS="$focus" \
     bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
   tail -n 1 "$out" >&2

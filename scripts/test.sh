@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (containerd 2.x
 # from Debian, the reference .proto files, npm packages), builds, checks lint and generated
-# code, then runs unit, integration, hostile-peer and end-to-end tests. Must run as root (containerd,
-# namespaces, cgroups): a test that cannot get them fails, it is never skipped.
+# code, then runs unit, integration, hostile-peer and end-to-end tests on this machine, and last
+# the cgroup v2 node tier in a user-mode Linux node with systemd (scripts/test-uml-node.sh).
+# Must run as root (containerd, namespaces, cgroups): a test that cannot get them fails, it is
+# never skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,8 +15,9 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-step "install containerd and reference definitions"
+step "install containerd and reference definitions, and the user-mode Linux node"
 bash scripts/install-containerd.sh
+bash scripts/install-uml.sh
 
 if [ ! -d node_modules/@grpc/grpc-js ]; then
   step "npm ci"
@@ -43,3 +46,6 @@ bash scripts/critest.sh
 step "tests"
 node --test --test-concurrency=1 --expose-gc \
   dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/hostile/*.test.js dist/test/e2e/*.test.js
+
+step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration, critest"
+bash scripts/test-uml-node.sh

@@ -271,6 +271,11 @@ export class Controller {
         this.#crash('start:after-record');
       } catch (err) {
         await this.#undoStart(sandbox, running, err, signal);
+        // CRI forgets a pod whose Start failed and never calls Shutdown for it (SPEC.md
+        // section 3): its record would stay for good. Other clients may Start it again.
+        if (sandbox.spec.pod !== undefined) {
+          await this.#remove(sandbox, signal.aborted ? NEVER_ABORTED : signal).catch((e: unknown) => sandbox.log.warn({ err: e }, 'cannot forget the pod after its failed start'));
+        }
         throw err;
       }
       this.#watch(sandbox, running);
@@ -519,28 +524,32 @@ export class Controller {
     const key = keyOf(namespace, id);
     const sandbox = this.#sandboxes.get(key);
     if (sandbox === undefined) return;
-    await this.#inTurn(sandbox, async () => {
-      if (sandbox.state === 'removed') return;
-      if (sandbox.state === 'running' && sandbox.running === undefined) {
-        await this.#exitUnknown(sandbox, signal);
-      } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
-        sandbox.log.info('shutdown: killing running sandbox');
-        await this.#backend.kill(sandbox.running, signal);
-        this.#crash('shutdown:after-kill');
-        await sandbox.exit.wait(signal);
-      } else if (sandbox.state === 'created') {
-        // A process a crashed Start left behind goes too.
-        await this.#backend.abandon(sandbox.spec, signal);
-        await this.#exitUnstarted(sandbox, 'shut down before it was started');
-      }
-      await this.#backend.release(sandbox.spec, signal);
-      await this.#backend.teardown(sandbox.spec, 'shutdown');
-      this.#crash('shutdown:before-remove');
-      await this.#store.remove(namespace, id);
-      this.#crash('shutdown:after-remove');
-      sandbox.moveTo('remove');
-      this.#sandboxes.delete(key);
-    });
+    await this.#inTurn(sandbox, () => this.#remove(sandbox, signal));
+  }
+
+  /** Shutdown's work, in the sandbox's turn. */
+  async #remove(sandbox: Sandbox, signal: CallSignal): Promise<void> {
+    const { namespace, id } = sandbox.spec;
+    if (sandbox.state === 'removed') return;
+    if (sandbox.state === 'running' && sandbox.running === undefined) {
+      await this.#exitUnknown(sandbox, signal);
+    } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
+      sandbox.log.info('shutdown: killing running sandbox');
+      await this.#backend.kill(sandbox.running, signal);
+      this.#crash('shutdown:after-kill');
+      await sandbox.exit.wait(signal);
+    } else if (sandbox.state === 'created') {
+      // A process a crashed Start left behind goes too.
+      await this.#backend.abandon(sandbox.spec, signal);
+      await this.#exitUnstarted(sandbox, 'shut down before it was started');
+    }
+    await this.#backend.release(sandbox.spec, signal);
+    await this.#backend.teardown(sandbox.spec, 'shutdown');
+    this.#crash('shutdown:before-remove');
+    await this.#store.remove(namespace, id);
+    this.#crash('shutdown:after-remove');
+    sandbox.moveTo('remove');
+    this.#sandboxes.delete(keyOf(namespace, id));
   }
 
   /** cgroup statistics of the sandbox. */

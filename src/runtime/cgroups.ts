@@ -5,7 +5,7 @@ import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresent,
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
-import { Metrics as MetricsV2 } from '../gen/cgroups/v2/metrics.js';
+import { type IOEntry, type PSIStats, Metrics as MetricsV2 } from '../gen/cgroups/v2/metrics.js';
 import { pollUntil, type Bound } from './bound.js';
 import { signalProcess } from './proc.js';
 
@@ -426,6 +426,70 @@ export class CgroupV1 implements CgroupManager {
   }
 }
 
+/** A cgroup v2 pressure file (`some avg10=… avg60=… avg300=… total=…`, and `full …`), or undefined without one. */
+async function readPressure(file: string): Promise<PSIStats | undefined> {
+  const text = await optional(readFile(file, 'utf8'), undefined);
+  if (text === undefined) return undefined;
+  const out: PSIStats = { some: undefined, full: undefined };
+  for (const line of text.split('\n')) {
+    const [kind, ...pairs] = line.split(' ');
+    if (kind !== 'some' && kind !== 'full') continue;
+    const values = new Map(pairs.map((p) => p.split('=') as [string, string]));
+    out[kind] = {
+      avg10: Number(values.get('avg10') ?? 0),
+      avg60: Number(values.get('avg60') ?? 0),
+      avg300: Number(values.get('avg300') ?? 0),
+      total: toBigInt(values.get('total') ?? '0'),
+    };
+  }
+  return out;
+}
+
+/** io.stat: one line per block device, `MAJ:MIN rbytes=… wbytes=… rios=… wios=… …`. */
+async function readIoStat(file: string): Promise<IOEntry[]> {
+  const text = await optional(readFile(file, 'utf8'), '');
+  const out: IOEntry[] = [];
+  for (const line of text.split('\n')) {
+    const [device, ...pairs] = line.split(' ');
+    const match = /^(\d+):(\d+)$/.exec(device ?? '');
+    if (match === null) continue;
+    const values = new Map(pairs.map((p) => p.split('=') as [string, string]));
+    const value = (key: string): bigint => toBigInt(values.get(key) ?? '0');
+    out.push({ major: BigInt(match[1] ?? 0), minor: BigInt(match[2] ?? 0), rbytes: value('rbytes'), wbytes: value('wbytes'), rios: value('rios'), wios: value('wios') });
+  }
+  return out;
+}
+
+/** What a v2 sandbox cgroup gets for its statistics, when the node offers them. */
+const STATS_CONTROLLERS = ['cpu', 'memory', 'pids', 'io'] as const;
+
+/** The controllers listed in a cgroup v2 `cgroup.controllers` or `cgroup.subtree_control`. */
+async function readControllers(file: string): Promise<string[]> {
+  return (await readFile(file, 'utf8')).split(/\s+/).filter((c) => c !== '');
+}
+
+/** A level's controller list on the way down to a sandbox's cgroup; unreadable is a precondition failure naming the file. */
+async function readLevelControllers(file: string): Promise<string[]> {
+  return readControllers(file).catch((err: unknown) => {
+    throw new TsboxError('FailedPrecondition', `cannot read the controllers of ${file}: ${messageOf(err)}`, { cause: err });
+  });
+}
+
+/**
+ * The v2 controllers whose files a pod's limits write: cpu and memory always (a limit left out
+ * is reset), cpuset for a cpuset, and each `unified` file's own (`pids.max` needs pids;
+ * `cgroup.*` files need none).
+ */
+export function controllersFor(limits: Resources): string[] {
+  const out = new Set(['cpu', 'memory']);
+  if (limits.cpusetCpus !== undefined || limits.cpusetMems !== undefined) out.add('cpuset');
+  for (const file of Object.keys(limits.unified ?? {})) {
+    const prefix = file.split('.')[0] ?? '';
+    if (prefix !== '' && prefix !== 'cgroup') out.add(prefix);
+  }
+  return [...out];
+}
+
 const camel = (key: string): string => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 
 export class CgroupV2 implements CgroupManager {
@@ -442,32 +506,65 @@ export class CgroupV2 implements CgroupManager {
 
   async create(path: string, limits: Resources | undefined): Promise<string[]> {
     // Each level down to the sandbox's parent hands the controllers on, so that the sandbox's
-    // cgroup has the files that limits and metrics use.
-    const available = (await readFile(join(this.#root, 'cgroup.controllers'), 'utf8')).trim().split(' ');
-    const wanted = ['cpu', 'memory', 'pids', ...(limits?.cpusetCpus !== undefined || limits?.cpusetMems !== undefined ? ['cpuset'] : [])].filter((c) =>
-      available.includes(c),
-    );
+    // cgroup has the files that limits and metrics use. A level may refuse (one with processes
+    // of its own cannot hand controllers down): that only matters for a controller the limits
+    // need, and then the refusal is part of the error.
+    const needed = limits === undefined ? [] : controllersFor(limits);
+    const offered = await readControllers(join(this.#root, 'cgroup.controllers'));
+    const wanted = [...new Set([...STATS_CONTROLLERS.filter((c) => offered.includes(c)), ...needed])];
+    const refusals = new Map<string, string>();
     let dir = this.#root;
     for (const part of path.split('/').filter((p) => p !== '')) {
-      if (wanted.length > 0) {
-        // Enabling what is enabled already changes nothing and succeeds. A refusal (a level
-        // with processes of its own cannot delegate) would leave the sandbox without limits
-        // and Metrics without counters: the Start fails and says where.
-        const file = join(dir, 'cgroup.subtree_control');
-        const value = wanted.map((c) => `+${c}`).join(' ');
-        await writeFile(file, value).catch((err: unknown) => {
-          throw new TsboxError('FailedPrecondition', `cannot enable the controllers ${value} in ${file}: ${messageOf(err)}`, { cause: err });
+      const here = await readLevelControllers(join(dir, 'cgroup.controllers'));
+      const enabled = await readLevelControllers(join(dir, 'cgroup.subtree_control'));
+      const missing = wanted.filter((c) => here.includes(c) && !enabled.includes(c));
+      if (missing.length > 0) {
+        await writeFile(join(dir, 'cgroup.subtree_control'), missing.map((c) => `+${c}`).join(' ')).catch((err: unknown) => {
+          // Kept for the error of a limit that needs one of these controllers (checked below).
+          refusals.set(dir, messageOf(err));
         });
       }
       dir = join(dir, part);
       await mkdir(dir, { recursive: true });
     }
-    if (limits !== undefined) await this.applyLimits(path, limits);
+    if (limits !== undefined) await this.applyLimits(path, limits, refusals);
     return [dir];
   }
 
-  async applyLimits(path: string, limits: Resources): Promise<void> {
+  /**
+   * Throws FailedPrecondition when the sandbox's cgroup lacks a controller its limits need,
+   * naming the controller and the cgroup whose cgroup.subtree_control must enable it (or the
+   * kernel, when the node offers no such controller at all).
+   */
+  async #requireControllers(path: string, needed: readonly string[], refusals: ReadonlyMap<string, string>): Promise<void> {
+    const present = await readControllers(join(this.#dir(path), 'cgroup.controllers'));
+    const controller = needed.find((c) => !present.includes(c));
+    if (controller === undefined) return;
+    const what = `the pod's limits need the cgroup v2 ${controller} controller`;
+    const offered = await readControllers(join(this.#root, 'cgroup.controllers'));
+    if (!offered.includes(controller)) {
+      throw new TsboxError(
+        'FailedPrecondition',
+        `${what}, which this node's kernel does not offer (${join(this.#root, 'cgroup.controllers')}: ${offered.join(' ') || 'none'}): use a kernel with it, or leave that limit out`,
+      );
+    }
+    let parent = this.#root;
+    for (const part of path.split('/').filter((p) => p !== '')) {
+      if (!(await readControllers(join(parent, 'cgroup.subtree_control'))).includes(controller)) {
+        const refusal = refusals.get(parent);
+        const why = refusal === undefined ? '' : ` (tsbox's +${controller} was refused: ${refusal}; a cgroup with processes of its own hands no controller down)`;
+        throw new TsboxError(
+          'FailedPrecondition',
+          `${what}, but ${parent} does not enable it for its children${why}: enable it with "echo +${controller} > ${join(parent, 'cgroup.subtree_control')}"`,
+        );
+      }
+      parent = join(parent, part);
+    }
+  }
+
+  async applyLimits(path: string, limits: Resources, refusals: ReadonlyMap<string, string> = new Map()): Promise<void> {
     const dir = this.#dir(path);
+    await this.#requireControllers(path, controllersFor(limits), refusals);
     await writeLimit(dir, 'cpu.max', `${limits.cpuQuota ?? 'max'} ${limits.cpuPeriod ?? 100_000}`);
     await writeLimit(dir, 'cpu.weight', String(limits.cpuShares === undefined ? 100 : sharesToWeight(limits.cpuShares)));
     await writeLimit(dir, 'memory.max', limits.memoryLimitBytes === undefined ? 'max' : String(limits.memoryLimitBytes));
@@ -519,8 +616,8 @@ export class CgroupV2 implements CgroupManager {
     const dir = this.#dir(path);
     if (!existsSync(dir)) throw new TsboxError('NotFound', `the sandbox has no cgroup ${path} (not running)`);
     const number = (path: string): Promise<bigint> => optional(readNumber(path, V2_UNLIMITED), 0n);
-    const cpu = await optional(readKeyed(join(dir, 'cpu.stat')), new Map<string, bigint>());
-    const memStat = await optional(readKeyed(join(dir, 'memory.stat')), new Map<string, bigint>());
+    const keyed = (file: string): Promise<Map<string, bigint>> => optional(readKeyed(join(dir, file)), new Map<string, bigint>());
+    const [cpu, memStat, events] = await Promise.all([keyed('cpu.stat'), keyed('memory.stat'), keyed('memory.events')]);
     const memory: Record<string, bigint> = {};
     for (const [key, value] of memStat) memory[camel(key)] = value;
     const metrics = MetricsV2.fromPartial({
@@ -535,6 +632,7 @@ export class CgroupV2 implements CgroupManager {
         nrPeriods: cpu.get('nr_periods') ?? 0n,
         nrThrottled: cpu.get('nr_throttled') ?? 0n,
         throttledUsec: cpu.get('throttled_usec') ?? 0n,
+        psi: await readPressure(join(dir, 'cpu.pressure')),
       },
       memory: {
         ...memory,
@@ -543,7 +641,15 @@ export class CgroupV2 implements CgroupManager {
         maxUsage: await number(join(dir, 'memory.peak')),
         swapUsage: await number(join(dir, 'memory.swap.current')),
         swapLimit: await number(join(dir, 'memory.swap.max')),
+        swapMaxUsage: await number(join(dir, 'memory.swap.peak')),
+        psi: await readPressure(join(dir, 'memory.pressure')),
       },
+      // As containerd/cgroups: only when the kernel has the file.
+      memoryEvents:
+        events.size === 0
+          ? undefined
+          : { low: events.get('low') ?? 0n, high: events.get('high') ?? 0n, max: events.get('max') ?? 0n, oom: events.get('oom') ?? 0n, oomKill: events.get('oom_kill') ?? 0n },
+      io: { usage: await readIoStat(join(dir, 'io.stat')), psi: await readPressure(join(dir, 'io.pressure')) },
     });
     return { typeUrl: 'io.containerd.cgroups.v2.Metrics', value: MetricsV2.encode(metrics).finish() };
   }

@@ -18,6 +18,7 @@ import {
   expectGrpcError,
   grpc,
 } from '../support/containerd-clients.js';
+import { cgroupNode } from '../support/host.js';
 import { BUSYBOX_IMAGE } from '../support/images.js';
 import { type PodEnv, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, startPodEnv } from '../support/pod-env.js';
 import { startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
@@ -320,17 +321,18 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       const containerPid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
       assert.ok(containerPid > 0, 'CRI names the container\'s pid');
       assert.ok(memoryCgroup(containerPid).startsWith(`${parent}/`), `the container is in the pod's cgroup parent: ${memoryCgroup(containerPid)}`);
-      const memRoot = cgroupRoot('memory');
-      const limit = (file: string): string => readFileSync(path.join(memRoot, parent, id, file), 'utf8').trim();
-      const cpuRoot = cgroupRoot('cpu');
-      const cpu = (file: string): string => readFileSync(path.join(cpuRoot, parent, id, file), 'utf8').trim();
-      if (memRoot.endsWith('/memory')) {
+      const node = cgroupNode();
+      const limit = (file: string): string => readFileSync(path.join(node.root('memory'), parent, id, file), 'utf8').trim();
+      const cpu = (file: string): string => readFileSync(path.join(node.root('cpu'), parent, id, file), 'utf8').trim();
+      if (node.kind === 'v1') {
         assert.equal(limit('memory.limit_in_bytes'), String(128 * 1024 * 1024), 'resources plus overhead');
         assert.equal(cpu('cpu.shares'), '320');
         assert.equal(cpu('cpu.cfs_quota_us'), '50000');
       } else {
-        assert.equal(limit('memory.max'), String(128 * 1024 * 1024));
+        assert.equal(limit('memory.max'), String(128 * 1024 * 1024), 'resources plus overhead');
         assert.equal(cpu('cpu.max'), '50000 100000');
+        // runc's conversion of 320 shares: 1 + (320 - 2) * 9999 / 262142.
+        assert.equal(cpu('cpu.weight'), '13');
       }
 
       // Update with resources (tsbox's Controller, as a later CRI sends it): new limits apply.
@@ -353,11 +355,12 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       } finally {
         direct.close();
       }
-      if (memRoot.endsWith('/memory')) {
+      if (node.kind === 'v1') {
         assert.equal(limit('memory.limit_in_bytes'), String(232 * 1024 * 1024));
         assert.equal(cpu('cpu.shares'), '576');
       } else {
         assert.equal(limit('memory.max'), String(232 * 1024 * 1024));
+        assert.equal(cpu('cpu.weight'), '22');
       }
       await removePod(id, [c]);
       await assertNothingLeft(id, [c]);
@@ -501,18 +504,3 @@ describe('a CRI handler whose runtime cannot run containers', () => {
     }
   });
 });
-
-/** The mount point of a cgroup v1 controller, or the v2 root. */
-function cgroupRoot(controller: string): string {
-  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const [left, right] = line.split(' - ');
-    const [type, , options] = (right ?? '').split(' ');
-    const point = left?.split(' ')[4];
-    if (type === 'cgroup' && (options ?? '').split(',').includes(controller) && point !== undefined) return point;
-  }
-  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const [left, right] = line.split(' - ');
-    if ((right ?? '').startsWith('cgroup2 ')) return left?.split(' ')[4] ?? '/sys/fs/cgroup';
-  }
-  return '/sys/fs/cgroup';
-}

@@ -4,11 +4,12 @@
  */
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { Metrics as CgroupV1Metrics } from '../../src/gen/cgroups/v1/metrics.js';
 import { Metrics as CgroupV2Metrics } from '../../src/gen/cgroups/v2/metrics.js';
 import type { ControllerWaitResponse } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
-import { sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
+import { cgroupNode, sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
 import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
 import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from '../support/grpc-client.js';
 import {
@@ -108,13 +109,12 @@ describe('Sandbox Controller RPCs through the socket', () => {
       assert.equal(platform.platform?.os, 'linux');
       assert.equal(platform.platform?.architecture, GOARCH[process.arch] ?? process.arch);
 
-      // The process lives in the sandbox's memory cgroup.
-      const memoryCgroup = `/sys/fs/cgroup/memory/tsbox/${ns}@${id}`;
+      // The process lives in the sandbox's cgroup: the memory hierarchy's on v1, the unified one on v2.
+      const node = cgroupNode();
+      const memoryCgroup = path.join(node.root('memory'), 'tsbox', `${ns}@${id}`);
+      assert.ok(existsSync(memoryCgroup), `${memoryCgroup} should exist while the sandbox runs`);
       const procCgroups = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
-      if (existsSync('/sys/fs/cgroup/memory')) {
-        assert.ok(existsSync(memoryCgroup), `${memoryCgroup} should exist while the sandbox runs`);
-        assert.match(procCgroups, new RegExp(`memory:/tsbox/${ns}@${id}\\n`));
-      }
+      assert.match(procCgroups, new RegExp(`^${node.kind === 'v1' ? '\\d+:memory' : '0:'}:/tsbox/${ns}@${id}$`, 'm'));
 
       const { metrics } = await client.metrics({ sandboxId: id });
       assert.ok(metrics !== undefined, 'Metrics returned no metric');
@@ -124,8 +124,8 @@ describe('Sandbox Controller RPCs through the socket', () => {
       const data = metrics.data;
       assert.ok(data !== undefined, 'metric has no data');
       // Paths of field numbers: Metrics.memory.usage (v1: MemoryEntry.usage = 2) and Metrics.pids.current.
-      const v1 = data.typeUrl === 'io.containerd.cgroups.v1.Metrics';
-      assert.ok(v1 || data.typeUrl === 'io.containerd.cgroups.v2.Metrics', `metric type ${data.typeUrl}`);
+      const v1 = node.kind === 'v1';
+      assert.equal(data.typeUrl, v1 ? 'io.containerd.cgroups.v1.Metrics' : 'io.containerd.cgroups.v2.Metrics', 'the Metrics of the node\'s cgroup kind');
       const memoryUsage = readUint64Path(data.value, v1 ? [4, 33, 2] : [4, 32]);
       const pidsCurrent = readUint64Path(data.value, v1 ? [2, 1] : [1, 1]);
       assert.ok(memoryUsage !== undefined && memoryUsage > 0n, `memory usage ${memoryUsage}`);
@@ -145,7 +145,8 @@ describe('Sandbox Controller RPCs through the socket', () => {
       const { metrics } = await client.metrics({ sandboxId: 'lifecycle' });
       const data = metrics?.data;
       assert.ok(data !== undefined, 'metric has no data');
-      if (data.typeUrl === 'io.containerd.cgroups.v1.Metrics') {
+      if (cgroupNode().kind === 'v1') {
+        assert.equal(data.typeUrl, 'io.containerd.cgroups.v1.Metrics');
         const decoded = CgroupV1Metrics.decode(data.value);
         assert.ok((decoded.memory?.usage?.usage ?? 0) > 0, `memory usage ${decoded.memory?.usage?.usage}`);
         assert.ok((decoded.pids?.current ?? 0) >= 1, `pids.current ${decoded.pids?.current}`);
@@ -157,17 +158,24 @@ describe('Sandbox Controller RPCs through the socket', () => {
       }
     }));
 
-  test('cgroup v1 Metrics report an unlimited pids limit as 0, as containerd/cgroups does', () =>
+  test('Metrics report an unlimited pids limit as containerd/cgroups does: 0 on cgroup v1, 2^64-1 on cgroup v2', () =>
     withLog(daemon, async () => {
       const id = 'lifecycle';
-      const pidsMax = `/sys/fs/cgroup/pids/tsbox/${ns}@${id}/pids.max`;
+      const node = cgroupNode();
+      const pidsMax = path.join(node.root('pids'), 'tsbox', `${ns}@${id}`, 'pids.max');
+      assert.equal(readFileSync(pidsMax, 'utf8').trim(), 'max', `${pidsMax}: the sandbox has no pids limit`);
       const { metrics } = await d().client(ns).metrics({ sandboxId: id });
       const data = metrics?.data;
       assert.ok(data !== undefined, 'metric has no data');
-      if (data.typeUrl !== 'io.containerd.cgroups.v1.Metrics' || !existsSync(pidsMax)) return;
-      assert.equal(readFileSync(pidsMax, 'utf8').trim(), 'max');
-      // containerd/cgroups' cgroup1 reads "max" as 0; the message documents 0 as unlimited.
-      assert.equal(readUint64Path(data.value, [2, 2]) ?? 0n, 0n);
+      if (node.kind === 'v1') {
+        assert.equal(data.typeUrl, 'io.containerd.cgroups.v1.Metrics');
+        // containerd/cgroups' cgroup1 reads "max" as 0; its message documents 0 as unlimited.
+        assert.equal(readUint64Path(data.value, [2, 2]) ?? 0n, 0n);
+      } else {
+        assert.equal(data.typeUrl, 'io.containerd.cgroups.v2.Metrics');
+        // containerd/cgroups' cgroup2 reads "max" as math.MaxUint64.
+        assert.equal(readUint64Path(data.value, [1, 2]), 2n ** 64n - 1n);
+      }
     }));
 
   test('Stop(0) returns once the process is gone; Wait answers 137 to every waiter, every time', () =>

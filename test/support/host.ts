@@ -86,6 +86,48 @@ export function cgroupMounts(): string[] {
   return out;
 }
 
+/** Where the cgroup file systems of this node are mounted, and which kind tsbox uses here. */
+export interface CgroupNode {
+  /** v1 when the memory and cpuacct v1 hierarchies are mounted (hybrid nodes included), as tsbox decides. */
+  readonly kind: 'v1' | 'v2';
+  /** v1: the mount point of each controller; v2: every controller maps to the unified root. */
+  readonly root: (controller: string) => string;
+}
+
+/**
+ * The node's cgroup kind, decided as tsbox decides it (src/runtime/cgroups.ts). Throws when
+ * it cannot be determined, so that a test that depends on it fails instead of passing.
+ */
+export function cgroupNode(): CgroupNode {
+  const v1 = new Map<string, string>();
+  let unified: string | undefined;
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    const point = left?.split(' ')[4];
+    const [type, , options] = (right ?? '').split(' ');
+    if (point === undefined) continue;
+    if (type === 'cgroup') for (const c of (options ?? '').split(',')) if (!v1.has(c)) v1.set(c, point);
+    if (type === 'cgroup2' && unified === undefined) unified = point;
+  }
+  if (v1.has('memory') && v1.has('cpuacct')) {
+    return {
+      kind: 'v1',
+      root: (controller) => {
+        const point = v1.get(controller);
+        if (point === undefined) throw new Error(`this cgroup v1 node has no ${controller} hierarchy mounted`);
+        return point;
+      },
+    };
+  }
+  if (unified !== undefined && readFileSync(path.join(unified, 'cgroup.controllers'), 'utf8').split(/\s+/).includes('memory')) {
+    const root = unified;
+    return { kind: 'v2', root: () => root };
+  }
+  throw new Error(
+    `cannot tell this node's cgroup kind: v1 hierarchies [${[...v1.keys()].join(', ')}], cgroup2 ${unified ?? 'not mounted'} (tsbox needs v1 memory+cpuacct or a v2 root with memory)`,
+  );
+}
+
 /** tsbox's cgroup name for a sandbox (src/runtime/cgroups.ts: `<parent>/<ns>@<id>`). */
 export function sandboxCgroupName(namespace: string, id: string): string {
   return `${namespace}@${id}`;

@@ -8,6 +8,7 @@ import { pino } from 'pino';
 import { Controller, UNKNOWN_EXIT_STATUS, type CreateRequest } from '../../src/controller/controller.js';
 import type { ExitInfo, HostPlatform, SandboxRecord } from '../../src/controller/types.js';
 import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/errors.js';
+import { PodSandboxConfig } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
 import {
   FakeBackend,
   FakeClock,
@@ -309,6 +310,18 @@ describe('Start', () => {
 
     await controller.start(NS, ID);
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_READY');
+  });
+
+  test('a pod (CRI) whose Start fails is forgotten after the cleanup: CRI never calls Shutdown for it', async () => {
+    const { backend, store, controller } = setup();
+    const options = { typeUrl: 'runtime.v1.PodSandboxConfig', value: PodSandboxConfig.encode(PodSandboxConfig.fromPartial({ metadata: { name: 'p', uid: 'u', namespace: 'default' } })).finish() };
+    await controller.create(NS, ID, createRequest({ options }));
+    backend.failNextStart(new TsboxError('FailedPrecondition', 'no such controller'));
+    await assert.rejects(controller.start(NS, ID), errorOf('FailedPrecondition', /no such controller/));
+    assert.ok(backend.releaseCount(NS, ID) >= 1, 'released after the failed start');
+    assert.equal(store.current(NS, ID), undefined, 'no record left');
+    assert.throws(() => controller.status(NS, ID, false), errorOf('NotFound'));
+    await controller.create(NS, ID, createRequest({ options }));
   });
 
   test('a Start whose running record cannot be saved leaves nothing running', async () => {

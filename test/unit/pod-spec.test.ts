@@ -7,7 +7,7 @@ import { describe, test } from 'node:test';
 import protobuf from 'protobufjs';
 import { deriveLaunchSpec } from '../../src/controller/launch-spec.js';
 import { resolvConfOf, sandboxLimits } from '../../src/controller/pod-spec.js';
-import { expandSlice, sandboxCgroupPath, sharesToWeight } from '../../src/runtime/cgroups.js';
+import { controllersFor, expandSlice, sandboxCgroupPath, sharesToWeight } from '../../src/runtime/cgroups.js';
 import { isTsboxError } from '../../src/errors.js';
 import { debianProtoRoot } from '../support/containerd-clients.js';
 
@@ -177,5 +177,16 @@ describe('the pod\'s cgroup', () => {
 
   test('cpu shares map onto cgroup v2 weights as runc maps them', () => {
     assert.deepEqual([2, 1024, 262144].map(sharesToWeight), [1, 39, 10000]);
+  });
+
+  test('cgroup v2: the controllers a pod\'s limits need are cpu and memory, plus those of its cpuset and unified files', () => {
+    assert.deepEqual(controllersFor({ memoryLimitBytes: 1 }), ['cpu', 'memory']);
+    assert.deepEqual(controllersFor({ cpusetCpus: '0', unified: { 'pids.max': '10', 'io.weight': '50', 'cgroup.max.depth': '3' } }), [
+      'cpu',
+      'memory',
+      'cpuset',
+      'pids',
+      'io',
+    ]);
   });
 });

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Boots a cgroup v2 test node with systemd as init under user-mode Linux, runs one command in
+# it as a systemd oneshot service, prints the command's output as it comes and exits with the
+# command's exit status. The node is an ordinary process tree on the host (no KVM): its root
+# is an overlay of the host's / (read-only) under a tmpfs, so the host's files are unchanged
+# afterwards; nothing of it is left running when this script returns, whatever happened.
+#
+#   scripts/uml-node.sh [options] [--] COMMAND [ARG...]
+#
+#   --repo DIR          directory the command starts in (default: this script's repository)
+#   --timeout SECONDS   bound on the whole run, boot included (default 3600); when it is hit
+#                       the node is killed and the exit status is 124
+#   --mem SIZE          the node's memory (default 4G)
+#   --env NAME=VALUE    set in the command's environment (repeatable); PATH and every TSBOX_*
+#                       and CRITEST_* variable of the caller are passed on anyway
+#   --console FILE      keep the node's console (kernel and systemd messages) in FILE
+#
+# Inside the node the command runs as root in tsbox-node.service (Delegate=yes) after
+# multi-user.target, with the repository and the whole host file system at their usual paths
+# (writes go to the node's tmpfs), its own /tmp, no network but loopback, and /tsbox-node, a
+# directory shared with the host (it holds the command's output). One node at a time runs
+# on a machine (flock /tmp/tsbox-uml-node.lock). Needs root and scripts/install-uml.sh.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+timeout=3600
+mem=4G
+console=""
+envs=()
+
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+die() { echo "uml-node: $*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --repo) repo="$(cd "${2:?--repo needs a directory}" && pwd)"; shift 2 ;;
+    --timeout) timeout="${2:?--timeout needs seconds}"; shift 2 ;;
+    --mem) mem="${2:?--mem needs a size}"; shift 2 ;;
+    --env) [[ "${2:-}" == [A-Za-z_]*=* ]] || die "--env needs NAME=VALUE, not '${2:-}'"; envs+=("$2"); shift 2 ;;
+    --console) console="${2:?--console needs a file}"; shift 2 ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) die "unknown option $1" ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || usage
+[[ "$timeout" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a number of seconds, not '$timeout'"
+[ "$(id -u)" -eq 0 ] || die "must run as root (the node reads the host's files as root)"
+uml="$(command -v linux.uml || true)"
+[ -n "$uml" ] || die "linux.uml not found: run scripts/install-uml.sh (as root)"
+[[ "$here$repo" != *[[:space:]]* ]] || die "the repository path must not contain spaces (it goes on the kernel command line)"
+
+exec 9>/tmp/tsbox-uml-node.lock
+if ! flock -n 9; then
+  echo "uml-node: waiting for the node another run has booted (/tmp/tsbox-uml-node.lock)" >&2
+  flock 9
+fi
+
+node="$(mktemp -d /tmp/tsbox-uml-node.XXXXXX)"
+share="$node/share"
+mkdir "$node/rw" "$node/root" "$share" "$node/uml"
+pid=""
+
+# Everything the node runs on the host carries this on its command line (UML's processes
+# are copies of the kernel's process).
+marker="uml_dir=$node/uml"
+node_processes() {
+  # "[u]ml_dir=..." matches the marker but not grep's own command line.
+  grep -lsa -- "[u]${marker#u}" /proc/[0-9]*/cmdline | sed 's|^/proc/\([0-9]*\)/cmdline$|\1|' | tr '\n' ' ' | sed 's/ $//'
+  return 0
+}
+
+stop_node() {
+  if [ -n "$pid" ]; then
+    # unshare --kill-child: its death kills the kernel's process, whose pid namespace takes
+    # every other process of the node with it.
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=""
+  fi
+  local left tries=0
+  while left="$(node_processes)"; [ -n "$left" ]; do
+    if [ "$tries" -ge 100 ]; then
+      echo "uml-node: processes of the node are still alive: $left" >&2
+      return 1
+    fi
+    kill -KILL $left 2>/dev/null || true
+    sleep 0.1
+    tries=$((tries + 1))
+  done
+}
+
+cleanup() {
+  local rc=$?
+  stop_node || rc=1
+  [ -n "$console" ] && cp "$node/console.log" "$console" 2>/dev/null
+  rm -rf "$node"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# The command, as a script the service runs.
+{
+  echo '#!/bin/bash'
+  printf 'export %q\n' "PATH=$PATH"
+  while IFS='=' read -r name _; do
+    case "$name" in TSBOX_*|CRITEST_*) printf 'export %q\n' "$name=${!name}" ;; esac
+  done < <(env)
+  for e in "${envs[@]}"; do printf 'export %q\n' "$e"; done
+  printf 'cd %q\n' "$repo"
+  printf 'exec'
+  printf ' %q' "$@"
+  printf '\n'
+} > "$share/command"
+cat > "$share/run" <<'EOF'
+#!/bin/bash
+# Runs the command, then records its exit status where the host reads it.
+touch /tsbox-node/started
+bash /tsbox-node/command > /tsbox-node/output 2>&1 < /dev/null
+echo $? > /tsbox-node/status.new
+mv /tsbox-node/status.new /tsbox-node/status
+EOF
+cat > "$share/tsbox-node.service" <<'EOF'
+[Unit]
+Description=The command given to scripts/uml-node.sh
+After=multi-user.target
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+Type=oneshot
+Environment=HOME=/root
+ExecStart=/bin/bash /tsbox-node/run
+Delegate=yes
+TimeoutStartSec=infinity
+EOF
+
+started=$SECONDS
+# The node: the host's / as a read-only hostfs root, our init, a cgroup v2 systemd; the
+# console goes to a file, no other terminal; UML's own files stay in the node's directory.
+TMPDIR=/dev/shm unshare --pid --fork --kill-child -- "$uml" \
+  "mem=$mem" umid=tsbox-node "$marker" \
+  root=/dev/root rootfstype=hostfs rootflags=/ ro \
+  "init=$here/uml-node-init.sh" "tsbox_node_dir=$node" \
+  systemd.unified_cgroup_hierarchy=1 systemd.show_status=error \
+  con=null ssl=null con0=null,fd:1 \
+  > "$node/console.log" 2>&1 < /dev/null &
+pid=$!
+
+tail -n +1 -F --pid="$pid" "$share/output" 2>/dev/null &
+tailer=$!
+
+reason=""
+boot_limit=$(( timeout < 180 ? timeout : 180 ))
+while kill -0 "$pid" 2>/dev/null; do
+  elapsed=$((SECONDS - started))
+  if [ ! -e "$share/started" ] && [ "$elapsed" -ge "$boot_limit" ]; then
+    reason="the node did not start the command within ${boot_limit} s of booting"
+    break
+  fi
+  if [ "$elapsed" -ge "$timeout" ]; then
+    reason="the node did not finish within --timeout ${timeout} s; killed"
+    break
+  fi
+  sleep 1
+done
+stop_node
+wait "$tailer" 2>/dev/null || true
+
+if [ -n "$reason" ]; then
+  echo "uml-node: $reason" >&2
+  echo "--- node console (last 30 lines) ---" >&2
+  tail -n 30 "$node/console.log" >&2
+  exit 124
+fi
+if [ ! -f "$share/status" ]; then
+  echo "uml-node: the node stopped before the command finished (after $((SECONDS - started)) s)" >&2
+  echo "--- node console (last 30 lines) ---" >&2
+  tail -n 30 "$node/console.log" >&2
+  exit 1
+fi
+echo "uml-node: node up, ran and powered off in $((SECONDS - started)) s" >&2
+exit "$(cat "$share/status")"
