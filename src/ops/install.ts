@@ -173,13 +173,21 @@ function findImports(text: string): { start: number; end: number } | undefined {
   return undefined;
 }
 
-/** The text with `imports` set to `list`; undefined when the file already has exactly it. */
+/** Ends an `imports` line that install added, so that uninstall removes the line and nothing else. */
+const ADDED_MARK = ' # added by tsbox install';
+
+/**
+ * The text with `imports` set to `list`. A line install added goes when the list becomes empty;
+ * a line that was there before stays (as `imports = []` when it was empty), so that install then
+ * uninstall gives back the file byte for byte.
+ */
 function withImports(text: string, list: readonly string[]): string {
   const line = `imports = [${list.map((s) => JSON.stringify(s)).join(', ')}]`;
   const found = findImports(text);
   if (found !== undefined) {
-    if (list.length === 0) {
-      const lineEnd = text.indexOf('\n', found.end);
+    const lineEnd = text.indexOf('\n', found.end);
+    const rest = text.slice(found.end, lineEnd < 0 ? text.length : lineEnd);
+    if (list.length === 0 && rest === ADDED_MARK) {
       return text.slice(0, found.start) + text.slice(lineEnd < 0 ? text.length : lineEnd + 1);
     }
     return text.slice(0, found.start) + line + text.slice(found.end);
@@ -189,9 +197,9 @@ function withImports(text: string, list: readonly string[]): string {
   const version = /^[ \t]*version[ \t]*=.*$/m.exec(text);
   if (version !== null) {
     const at = version.index + version[0].length;
-    return `${text.slice(0, at)}\n${line}${text.slice(at)}`;
+    return `${text.slice(0, at)}\n${line}${ADDED_MARK}${text.slice(at)}`;
   }
-  return `${line}\n${text}`;
+  return `${line}${ADDED_MARK}\n${text}`;
 }
 
 /** Writes a file atomically (temp file, rename), keeping the mode of the one it replaces. */
@@ -231,7 +239,7 @@ function editContainerdConfig(path: string, add: boolean): 'created' | 'changed'
     throw new OperatorError(EXIT.refused, `editing ${path} would break it (${messageOf(err)}); nothing was written`, `add ${JSON.stringify(DROP_IN_PATH)} to its imports by hand`);
   }
   const expected: Toml = { ...before, imports: list };
-  if (list.length === 0) delete expected['imports'];
+  if (list.length === 0 && !Array.isArray(after['imports'])) delete expected['imports'];
   // JSON makes both plain objects (smol-toml's tables have no prototype) with dates as text.
   if (!isDeepStrictEqual(JSON.parse(JSON.stringify(after)), JSON.parse(JSON.stringify(expected)))) {
     throw new OperatorError(EXIT.refused, `editing ${path} would change more than its imports; nothing was written`, `add ${JSON.stringify(DROP_IN_PATH)} to its imports by hand`);

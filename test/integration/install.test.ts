@@ -114,6 +114,14 @@ root = "/var/lib/containerd"
     assert.deepEqual(parseToml(readFileSync(path.join(root2, CONFIG), 'utf8'))['imports'], ['/etc/containerd/site.toml', '/etc/containerd/conf.d/tsbox.toml']);
     assert.equal((await tsbox(['uninstall', '--root', root2])).code, 0);
     assert.equal(readFileSync(path.join(root2, CONFIG), 'utf8'), withImports);
+
+    // `containerd config migrate` writes an empty list: it is filled, then emptied again.
+    const emptyImports = `version = 3\nimports = []\n\n[debug]\n  level = "info"\n`;
+    const root3 = freshRoot(emptyImports);
+    assert.equal((await tsbox(['install', '--root', root3])).code, 0);
+    assert.deepEqual(parseToml(readFileSync(path.join(root3, CONFIG), 'utf8'))['imports'], ['/etc/containerd/conf.d/tsbox.toml']);
+    assert.equal((await tsbox(['uninstall', '--root', root3])).code, 0);
+    assert.equal(readFileSync(path.join(root3, CONFIG), 'utf8'), emptyImports);
   });
 
   for (const [what, text, message] of [
