@@ -537,6 +537,14 @@ describe('hostile peers on the socket', () => {
     };
 
   const HANDSHAKE = Buffer.concat([PREFACE, settingsFrame(), frame(FrameType.SETTINGS, Flag.ACK, 0)]);
+  /**
+   * A Status request's headers, then the first half of a 16 KiB DATA frame (the largest the
+   * server allows) carrying the start of a 16 KiB message: a request that never arrives whole.
+   */
+  const HALF_A_LARGE_FRAME = Buffer.concat([
+    frame(FrameType.HEADERS, Flag.END_HEADERS, 1, requestBlock(`${CONTROLLER}/Status`, NS)),
+    frame(FrameType.DATA, 0, 1, grpcMessage(Buffer.alloc(8192 - 5), 16_384 - 5), 16_384),
+  ]);
 
   test('2 000 connections idle after the HTTP/2 handshake', () => connectionAttack('idle after handshake', holdAndProbe(() => HANDSHAKE)));
 
@@ -545,10 +553,7 @@ describe('hostile peers on the socket', () => {
   test('2 000 connections that send half the preface', () => connectionAttack('half preface', holdAndProbe(() => PREFACE.subarray(0, 12))));
 
   test('2 000 connections that send half a large frame', () =>
-    connectionAttack(
-      'half a large frame',
-      holdAndProbe(() => Buffer.concat([HANDSHAKE, frame(FrameType.HEADERS, Flag.END_HEADERS, 1, Buffer.alloc(8192), 16_384)])),
-    ));
+    connectionAttack('half a large frame', holdAndProbe(() => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]))));
 
   test('2 000 connections that announce a DATA frame longer than what follows, then close', () =>
     connectionAttack('short DATA frame, closed', async (path, probe) => {
@@ -567,7 +572,7 @@ describe('hostile peers on the socket', () => {
         () => PREFACE.subarray(0, 12),
         () => PREFACE,
         () => HANDSHAKE,
-        () => Buffer.concat([HANDSHAKE, frame(FrameType.HEADERS, Flag.END_HEADERS, 1, Buffer.alloc(8192), 16_384)]),
+        () => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]),
         () => Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
         (i) => Buffer.alloc(64, i & 0xff),
       ];
