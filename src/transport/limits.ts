@@ -94,6 +94,15 @@ export function maxConnections(limit = openFilesLimit()): number {
 }
 
 /**
+ * Connections the kernel queues for accept on the listening socket (the kernel caps it at
+ * net.core.somaxconn, 4096 on current kernels). Past it, a client's connect fails at once
+ * (EAGAIN on a unix socket) and grpc-go reports UNAVAILABLE. node's default, 511, fills while
+ * a peer opens connections faster than the daemon takes them (each costs an HTTP/2 session);
+ * a deeper queue lets containerd's connection wait its turn instead of being turned away.
+ */
+export const LISTEN_BACKLOG = 4096;
+
+/**
  * Time a new connection has to complete the HTTP/2 handshake (the preface and its SETTINGS).
  * containerd's grpc-go sends both in its first write; a connection that has not is a broken
  * or hostile peer holding a slot and a descriptor.

@@ -7,7 +7,7 @@ import { TsboxError, messageOf } from '../errors.js';
 import { admitStreams, injectorHttp2Server } from './admission.js';
 import { ConnectionTable } from './connections.js';
 import { addControllerService } from './controller-service.js';
-import { GRPC_SERVER_OPTIONS, maxConnections } from './limits.js';
+import { GRPC_SERVER_OPTIONS, LISTEN_BACKLOG, maxConnections } from './limits.js';
 import { claimSocket, prepareSocketPath } from './socket.js';
 
 export { MAX_MESSAGE_BYTES } from './limits.js';
@@ -76,7 +76,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       try {
         await new Promise<void>((resolve, reject) => {
           listener.once('error', reject);
-          listener.listen(options.socketPath, () => {
+          listener.listen({ path: options.socketPath, backlog: LISTEN_BACKLOG }, () => {
             listener.off('error', reject);
             resolve();
           });
