@@ -565,50 +565,6 @@ describe('hostile peers on the socket', () => {
       for (let n = 0; n < 3; n++) await probe();
     }));
 
-  test('20 000 short connections dropped in mixed half-finished states', () =>
-    connectionAttack('20 000 short connections', async (path, probe) => {
-      const states: ((i: number) => Buffer | undefined)[] = [
-        () => undefined,
-        () => PREFACE.subarray(0, 12),
-        () => PREFACE,
-        () => HANDSHAKE,
-        () => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]),
-        () => Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
-        (i) => Buffer.alloc(64, i & 0xff),
-      ];
-      /** Connections the attacker half-closed: the daemon must close its side too. */
-      const halfClosed: RawConnection[] = [];
-      let probing = true;
-      const probes = (async () => {
-        while (probing) await probe();
-      })();
-      try {
-        for (let start = 0; start < 20_000; start += CONNECT_BATCH) {
-          const conns = await openMany(path, CONNECT_BATCH, (i) => states[(start + i) % states.length]?.(start + i));
-          conns.forEach((conn, i) => {
-            if (i % 2 === 0) conn.destroy();
-            else {
-              conn.socket.end();
-              halfClosed.push(conn);
-            }
-          });
-        }
-      } finally {
-        probing = false;
-        await probes;
-      }
-      await probe();
-      try {
-        await waitFor(() => halfClosed.every((c) => c.closed), {
-          what: `the daemon closing half-closed connections (${halfClosed.filter((c) => !c.closed).length} of ${halfClosed.length} open)`,
-          timeoutMs: RELEASE_MS,
-          intervalMs: 20,
-        });
-      } finally {
-        for (const conn of halfClosed) conn.destroy();
-      }
-    }));
-
   test('a trailing HEADERS with END_STREAM on an open stream ends the request: the call is answered', async () => {
     const session = http2.connect('http://localhost', { createConnection: () => net.connect(d().socketPath) });
     session.on('error', () => undefined);
