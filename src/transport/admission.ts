@@ -32,7 +32,7 @@ function dropOverlongTimeout(headers: http2.IncomingHttpHeaders): void {
  * and tsbox needs it for the bounds grpc-js has no option for; the field is checked here so
  * that a grpc-js upgrade that moves it fails at start (and in every test), never silently.
  */
-function injectorHttp2Server(server: Server): http2.Http2Server {
+export function injectorHttp2Server(server: Server): http2.Http2Server {
   const servers = (server as unknown as { http2Servers?: unknown }).http2Servers;
   if (!(servers instanceof Map) || servers.size !== 1) {
     throw new Error('grpc-js internals changed: cannot find the http2 server of the connection injector');
@@ -45,8 +45,8 @@ function injectorHttp2Server(server: Server): http2.Http2Server {
 }
 
 /**
- * Puts the stream admission in front of grpc-js, on the http2 server behind `server`'s one
- * connection injector (call before any connection is injected):
+ * Puts the stream admission in front of grpc-js, on the http2 server of its one connection
+ * injector (injectorHttp2Server; call before any connection is injected):
  * - advertises and enforces MAX_HEADER_LIST_BYTES (node's own bound, set explicitly);
  * - refuses streams beyond MAX_OPEN_STREAMS over all connections;
  * - counts request bytes of calls whose request has not ended, and closes the connection
@@ -55,8 +55,7 @@ function injectorHttp2Server(server: Server): http2.Http2Server {
  * - drops a grpc-timeout grpc-js cannot represent.
  * Returns a function that stops the sweep timer.
  */
-export function admitStreams(server: Server, log: Logger): () => void {
-  const http2Server = injectorHttp2Server(server);
+export function admitStreams(http2Server: http2.Http2Server, log: Logger): () => void {
   http2Server.updateSettings({ maxHeaderListSize: MAX_HEADER_LIST_BYTES });
   const [grpcHandler] = http2Server.listeners('stream') as StreamListener[];
   http2Server.removeAllListeners('stream');

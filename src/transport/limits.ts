@@ -82,16 +82,48 @@ export const KEEPALIVE_TIME_MS = 10_000;
 export const KEEPALIVE_TIMEOUT_MS = 10_000;
 
 /**
- * Connections at once. grpc-js has no such option: the listening socket is ours (server.ts)
- * and node's `maxConnections` closes any connection past it at once. Each connection costs a
- * file descriptor, and node cannot raise RLIMIT_NOFILE above the hard limit it already runs
- * at; sandboxes need descriptors too (supervisor pipes, pidfds, record files), and a Start
- * that meets EMFILE fails. So the bound is at most a quarter of the descriptor limit, and 256
- * at most: containerd uses one connection, operators' tools a few more.
+ * Connections at once (the connection table, connections.ts). Each connection costs a file
+ * descriptor, and node cannot raise RLIMIT_NOFILE above the hard limit it already runs at;
+ * sandboxes need descriptors too (supervisor pipes, pidfds, record files), and a Start that
+ * meets EMFILE fails. So the bound is at most a quarter of the descriptor limit, and 256 at
+ * most: containerd uses one connection, operators' tools a few more. A connection past the
+ * bound is not refused: it takes the place of the longest-idle connection that carries no
+ * call, so that a peer holding slots cannot lock containerd out.
  */
 export function maxConnections(limit = openFilesLimit()): number {
   return Math.max(16, Math.min(256, Math.floor(limit / 4)));
 }
+
+/**
+ * Connections the kernel queues for accept on the listening socket (the kernel caps it at
+ * net.core.somaxconn, 4096 on current kernels). Past it, a client's connect fails at once
+ * (EAGAIN on a unix socket) and grpc-go reports UNAVAILABLE. node's default, 511, fills while
+ * a peer opens connections faster than the daemon takes them (each costs an HTTP/2 session);
+ * a deeper queue lets containerd's connection wait its turn instead of being turned away.
+ */
+export const LISTEN_BACKLOG = 4096;
+
+/**
+ * Time a new connection has to complete the HTTP/2 handshake (the preface and its SETTINGS).
+ * containerd's grpc-go sends both in its first write; a connection that has not is a broken
+ * or hostile peer holding a slot and a descriptor.
+ */
+export const HANDSHAKE_MS = 5000;
+
+/**
+ * A connection that carries no call and has sent nothing for CONNECTION_PING_MS is sent a
+ * PING; one that sends nothing back within CONNECTION_PING_TIMEOUT_MS is closed. This is
+ * what frees a connection whose peer left unseen: node stops reading a connection it ended
+ * with a protocol error (a frame longer than allowed, a DATA frame on an idle stream), so
+ * the peer's close never reaches it. Every HTTP/2 client answers a PING at once; one PING a
+ * second on an idle unix socket costs nothing. Connections that carry calls are left to
+ * grpc-js's keepalive (KEEPALIVE_TIME_MS).
+ */
+export const CONNECTION_PING_MS = 1000;
+export const CONNECTION_PING_TIMEOUT_MS = 1000;
+
+/** How often the connection table checks its deadlines: a tenth of the shortest one. */
+export const CONNECTION_SWEEP_MS = 100;
 
 /** The soft RLIMIT_NOFILE of this process (node has no getrlimit); 1024 when unreadable. */
 export function openFilesLimit(): number {

@@ -1,45 +1,14 @@
 import { createServer as createNetServer, type Server as NetServer } from 'node:net';
-import {
-  Server,
-  ServerCredentials,
-  type ServerUnaryCall,
-  type ServiceDefinition,
-  type sendUnaryData,
-} from '@grpc/grpc-js';
+import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import type { Logger } from 'pino';
-import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
-import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
-import type { AnyValue, ExitInfo } from '../controller/types.js';
 import { TsboxError, messageOf } from '../errors.js';
-import {
-  ControllerService,
-  type ControllerCreateRequest,
-  type ControllerCreateResponse,
-  type ControllerMetricsRequest,
-  type ControllerMetricsResponse,
-  type ControllerPlatformRequest,
-  type ControllerPlatformResponse,
-  type ControllerShutdownRequest,
-  type ControllerShutdownResponse,
-  type ControllerStartRequest,
-  type ControllerStartResponse,
-  type ControllerStatusRequest,
-  type ControllerStatusResponse,
-  type ControllerStopRequest,
-  type ControllerStopResponse,
-  type ControllerUpdateRequest,
-  type ControllerUpdateResponse,
-  type ControllerWaitRequest,
-  type ControllerWaitResponse,
-} from '../gen/containerd/services/sandbox/v1/sandbox.js';
-import type { Any } from '../gen/google/protobuf/any.js';
-import { admitStreams } from './admission.js';
-import { CallContext, CallRegistry } from './call-context.js';
-import { GRPC_SERVER_OPTIONS, maxConnections } from './limits.js';
+import { admitStreams, injectorHttp2Server } from './admission.js';
+import { ConnectionTable } from './connections.js';
+import { addControllerService } from './controller-service.js';
+import { GRPC_SERVER_OPTIONS, LISTEN_BACKLOG, maxConnections } from './limits.js';
 import { claimSocket, prepareSocketPath } from './socket.js';
-import { toStatus } from './status.js';
 
 export { MAX_MESSAGE_BYTES } from './limits.js';
 
@@ -69,239 +38,15 @@ export interface TsboxServer {
   close(drainMs: number): Promise<void>;
 }
 
-type Handler<Req, Res> = (request: Req, ctx: CallContext, namespace: string) => Promise<Res> | Res;
-/** A handler that answers through `call.reply` (once), for calls that may stay pending long. */
-type CallbackHandler<Req, Res> = (request: Req, call: ServedCall<Res>, namespace: string) => void;
-
-const toAny = (any: AnyValue): Any => ({ typeUrl: any.typeUrl, value: Buffer.from(any.value) });
-
-/** A request that did not decode: grpc-js would answer INTERNAL, SPEC.md says INVALID_ARGUMENT. */
-class Malformed {
-  constructor(readonly error: unknown) {}
-}
-
-/** What the calls of one server share. */
-interface Served {
-  readonly log: Logger;
-  readonly debug: boolean;
-  readonly registry: CallRegistry;
-  /** Calls not yet answered, for the shutdown log line. */
-  inFlight: number;
-  readonly rpcDone: ((method: string, code: number, seconds: number) => void) | undefined;
-}
-
 /**
- * Waits told of an exit are answered after the current turn: the call that made the exit
- * happen (Stop, Shutdown) is answered first, so that its caller goes on while the answers to
- * the sandbox's watchers follow right behind it.
+ * Builds the server around the controller: the controller service (controller-service.ts)
+ * and the health service on grpc-js, served on a listening socket of our own whose
+ * connections the connection table bounds; binding, draining and closing it.
  */
-let waitAnswers: ServedCall<ControllerWaitResponse>[] = [];
-
-function answerWaits(): void {
-  const answers = waitAnswers;
-  waitAnswers = [];
-  for (const call of answers) call.answerExit();
-}
-
-/**
- * One call being served: its context (signal, namespace), its answer, and for Wait the exit
- * listener, in one object, so that a pending Wait holds no closure of its own.
- */
-class ServedCall<Res> extends CallContext {
-  readonly #served: Served;
-  readonly #callback: sendUnaryData<Res>;
-  readonly #rpc: string;
-  /** For the debug log line only. */
-  readonly #started: bigint;
-  id: string | undefined;
-  #replied = false;
-  #exit: ExitInfo | undefined;
-
-  constructor(call: ServerUnaryCall<unknown, Res>, callback: sendUnaryData<Res>, served: Served, rpc: string) {
-    super(call, served.registry);
-    this.#served = served;
-    this.#callback = callback;
-    this.#rpc = rpc;
-    this.#started = served.debug || served.rpcDone !== undefined ? process.hrtime.bigint() : 0n;
-    served.inFlight++;
-  }
-
-  /** Wait's exit listener (controller/exit-signal.ts). */
-  exitKnown(err: TsboxError | undefined, exit: ExitInfo | undefined): void {
-    if (err !== undefined || exit === undefined) {
-      this.reply(err ?? new TsboxError('Internal', 'no exit'));
-      return;
-    }
-    this.#exit = exit;
-    if (waitAnswers.length === 0) setImmediate(answerWaits);
-    waitAnswers.push(this as unknown as ServedCall<ControllerWaitResponse>);
-  }
-
-  answerExit(): void {
-    const exit = this.#exit as ExitInfo;
-    this.reply(undefined, { exitStatus: exit.status, exitedAt: exit.exitedAt } as Res);
-  }
-
-  /** Answers the call once: the response, or the error as a status. */
-  reply(err: unknown, response?: Res): void {
-    if (this.#replied) return;
-    this.#replied = true;
-    this.dispose();
-    const served = this.#served;
-    served.inFlight--;
-    let code = 0;
-    if (err === undefined) {
-      this.#callback(null, response);
-    } else {
-      const status = toStatus(err, served.log, this.#rpc);
-      code = status.code;
-      this.#callback({ code: status.code, details: status.message });
-    }
-    if (served.debug || served.rpcDone !== undefined) {
-      const ms = Number(process.hrtime.bigint() - this.#started) / 1e6;
-      served.rpcDone?.(this.#rpc, code, ms / 1000);
-      if (served.debug) served.log.debug({ rpc: this.#rpc, ns: this.namespace, id: this.id, code, ms }, 'rpc');
-    }
-  }
-}
-
-interface MethodDefinition<Req, Res> {
-  readonly path: string;
-  readonly requestStream: false;
-  readonly responseStream: false;
-  requestSerialize(value: Req): Buffer;
-  requestDeserialize(bytes: Buffer): Req;
-  responseSerialize(value: Res): Buffer;
-  responseDeserialize(bytes: Buffer): Res;
-}
-
-/** The generated definition, with requests that fail to decode handed on as Malformed. */
-function serviceDefinition(): ServiceDefinition {
-  const definition: Record<string, MethodDefinition<unknown, unknown>> = {};
-  for (const [name, method] of Object.entries(ControllerService) as [string, MethodDefinition<unknown, unknown>][]) {
-    definition[name] = {
-      ...method,
-      requestDeserialize(bytes) {
-        try {
-          return method.requestDeserialize(bytes);
-        } catch (err) {
-          return new Malformed(err);
-        }
-      },
-    };
-  }
-  return definition;
-}
-
-/** Builds the server around the controller. */
 export function createServer(options: ServerOptions): TsboxServer {
-  const { controller, logger } = options;
-  const log = logger.child({ component: 'transport' });
-  const registry = new CallRegistry();
-  const served: Served = { log, debug: log.isLevelEnabled('debug'), registry, inFlight: 0, rpcDone: options.rpcDone };
-
-  /** Wraps a handler: validate, run, answer; errors become statuses. */
-  function unary<Req extends { sandboxId: string }, Res>(rpc: string, handler: Handler<Req, Res>) {
-    return callback<Req, Res>(rpc, (request, call, namespace) => {
-      const result = handler(request, call, namespace);
-      if (result instanceof Promise) result.then((response) => call.reply(undefined, response), (err: unknown) => call.reply(err));
-      else call.reply(undefined, result);
-    });
-  }
-
-  /** Wraps a callback handler: validate, run; errors become statuses. */
-  function callback<Req extends { sandboxId: string }, Res>(rpc: string, handler: CallbackHandler<Req, Res>) {
-    return (grpc: ServerUnaryCall<Req | Malformed, Res>, answer: sendUnaryData<Res>): void => {
-      const call = new ServedCall<Res>(grpc, answer, served, rpc);
-      try {
-        const closing = registry.closing;
-        if (closing !== undefined) throw closing;
-        const request = grpc.request;
-        if (request instanceof Malformed) {
-          throw new TsboxError('InvalidArgument', `malformed ${rpc} request: ${messageOf(request.error)}`);
-        }
-        if (served.debug) call.id = request.sandboxId;
-        const namespace = validateNamespace(call.namespace);
-        validateIdentifier('sandbox_id', request.sandboxId);
-        handler(request, call, namespace);
-      } catch (err) {
-        call.reply(err);
-      }
-    };
-  }
-
-  const implementation = {
-    create: unary<ControllerCreateRequest, ControllerCreateResponse>('Create', async (req, _ctx, ns) => {
-      const sandbox = req.sandbox;
-      await controller.create(ns, req.sandboxId, {
-        netnsPath: req.netnsPath,
-        options: req.options,
-        spec: sandbox?.spec,
-        extensions: sandbox?.extensions ?? {},
-        labels: sandbox?.labels ?? {},
-        annotations: req.annotations,
-      });
-      return { sandboxId: req.sandboxId };
-    }),
-    start: unary<ControllerStartRequest, ControllerStartResponse>('Start', async (req, ctx, ns) => {
-      const started = await controller.start(ns, req.sandboxId, ctx.signal);
-      return {
-        sandboxId: req.sandboxId,
-        pid: started.pid,
-        createdAt: started.createdAt,
-        labels: { ...started.labels },
-        address: started.address,
-        version: started.version,
-        spec: undefined,
-      };
-    }),
-    platform: unary<ControllerPlatformRequest, ControllerPlatformResponse>('Platform', (req, _ctx, ns) => {
-      const platform = controller.platform(ns, req.sandboxId);
-      return { platform: { os: platform.os, architecture: platform.architecture, variant: platform.variant, osVersion: '' } };
-    }),
-    stop: unary<ControllerStopRequest, ControllerStopResponse>('Stop', async (req, ctx, ns) => {
-      await controller.stop(ns, req.sandboxId, req.timeoutSecs, ctx.signal);
-      return {};
-    }),
-    // A pod holds its Wait for its whole life: no promise or async frame stays behind.
-    wait: callback<ControllerWaitRequest, ControllerWaitResponse>('Wait', (req, call, ns) => {
-      controller.listen(ns, req.sandboxId, call.signal, call);
-    }),
-    status: unary<ControllerStatusRequest, ControllerStatusResponse>('Status', (req, _ctx, ns) => {
-      const status = controller.status(ns, req.sandboxId, req.verbose);
-      return {
-        sandboxId: req.sandboxId,
-        pid: status.pid,
-        state: status.state,
-        info: status.info ?? {},
-        createdAt: status.createdAt,
-        exitedAt: status.exitedAt,
-        extra: undefined,
-        address: status.address,
-        version: status.version,
-      };
-    }),
-    shutdown: unary<ControllerShutdownRequest, ControllerShutdownResponse>('Shutdown', async (req, ctx, ns) => {
-      await controller.shutdown(ns, req.sandboxId, ctx.signal);
-      return {};
-    }),
-    metrics: unary<ControllerMetricsRequest, ControllerMetricsResponse>('Metrics', async (req, _ctx, ns) => {
-      const data = await controller.metrics(ns, req.sandboxId);
-      return { metrics: { timestamp: systemClock(), id: req.sandboxId, data: toAny(data) } };
-    }),
-    update: unary<ControllerUpdateRequest, ControllerUpdateResponse>('Update', async (req, _ctx, ns) => {
-      // containerd never fills Update's sandboxer (SPEC.md section 2): it is not checked.
-      await controller.update(ns, req.sandboxId, {
-        labels: req.sandbox?.labels ?? {},
-        extensions: req.sandbox?.extensions ?? {},
-        fields: req.fields,
-      });
-      return {};
-    }),
-  };
-
+  const log = options.logger.child({ component: 'transport' });
   const server = new Server(GRPC_SERVER_OPTIONS);
-  server.addService(serviceDefinition(), implementation);
+  const calls = addControllerService(server, { controller: options.controller, log, rpcDone: options.rpcDone });
   const health = new HealthImplementation({ '': 'NOT_SERVING', [CONTROLLER_SERVICE_NAME]: 'NOT_SERVING' });
   health.addToServer(server);
   const setServing = (serving: boolean): void => {
@@ -310,22 +55,19 @@ export function createServer(options: ServerOptions): TsboxServer {
     health.setStatus(CONTROLLER_SERVICE_NAME, status);
   };
 
-  // The listening socket is ours, so that connections can be counted and bounded; grpc-js
+  // The listening socket is ours, so that connections can be tracked and bounded; grpc-js
   // serves each one through its connection injector.
   const injector = server.createConnectionInjector(ServerCredentials.createInsecure());
-  const stopAdmission = admitStreams(server, log);
+  const http2Server = injectorHttp2Server(server);
+  const stopAdmission = admitStreams(http2Server, log);
   const connectionLimit = maxConnections();
-  let refused = 0;
-  let refusedLogged = 0;
-  const listener: NetServer = createNetServer((connection) => injector.injectConnection(connection));
-  listener.maxConnections = connectionLimit;
-  listener.on('drop', () => {
-    refused++;
-    const now = Date.now();
-    if (now - refusedLogged < 10_000) return;
-    refusedLogged = now;
-    log.warn({ refused, maxConnections: connectionLimit }, 'connection limit reached: refusing new connections');
+  const connections = new ConnectionTable({
+    http2Server,
+    inject: (connection) => injector.injectConnection(connection),
+    limit: connectionLimit,
+    log,
   });
+  const listener: NetServer = createNetServer((connection) => connections.accept(connection));
   let socket: { remove(): Promise<void> } | undefined;
 
   return {
@@ -334,7 +76,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       try {
         await new Promise<void>((resolve, reject) => {
           listener.once('error', reject);
-          listener.listen(options.socketPath, () => {
+          listener.listen({ path: options.socketPath, backlog: LISTEN_BACKLOG }, () => {
             listener.off('error', reject);
             resolve();
           });
@@ -351,15 +93,15 @@ export function createServer(options: ServerOptions): TsboxServer {
     },
     setServing,
     async close(drainMs) {
-      log.info({ inFlight: served.inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
+      log.info({ inFlight: calls.inFlight, drainMs }, 'shutting down: refusing new calls, ending pending Waits');
       setServing(false);
       const listenerClosed = new Promise<void>((resolve) => listener.close(() => resolve()));
-      registry.close(new TsboxError('Unavailable', 'tsbox is shutting down; retry'));
+      calls.close(new TsboxError('Unavailable', 'tsbox is shutting down; retry'));
       // tryShutdown refuses new streams (GOAWAY) and waits for the calls in flight; whatever is
       // left when the drain time is over is cut off with its connection (UNAVAILABLE).
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
-          log.warn({ inFlight: served.inFlight }, 'drain time is over; closing connections');
+          log.warn({ inFlight: calls.inFlight }, 'drain time is over; closing connections');
           server.forceShutdown();
           resolve();
         }, drainMs);
@@ -370,6 +112,7 @@ export function createServer(options: ServerOptions): TsboxServer {
       });
       injector.destroy();
       stopAdmission();
+      connections.close();
       await listenerClosed;
       await socket?.remove();
       log.info('server closed');

@@ -13,7 +13,7 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { Client, credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import { ControllerStatusRequest } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
-import { SandboxClient, expectCode } from '../support/grpc-client.js';
+import { SandboxClient, codeName, expectCode } from '../support/grpc-client.js';
 import {
   CONTROLLER,
   Flag,
@@ -47,6 +47,14 @@ const ID = 'probe';
 const MiB = 1024 * 1024;
 /** The bound the daemon sets on connections (src/transport/limits.ts, with this machine's fd limit). */
 const CONNECTION_BOUND = 256;
+/** Connections each attack on the connection table holds, far beyond the bound. */
+const HELD_CONNECTIONS = 2000;
+/** Connections an attacker opens at once (the listen backlog is 511). */
+const CONNECT_BATCH = 250;
+/** A Status on a fresh connection is answered within this while an attack runs (issue's goal). */
+const FRESH_STATUS_MS = 1000;
+/** Descriptors are back to the baseline within this after the attacker leaves. */
+const RELEASE_MS = 5000;
 
 const delay = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -158,7 +166,7 @@ describe('hostile peers on the socket', () => {
       timeoutMs: 30_000,
       intervalMs: 100,
     });
-    const fresh = new SandboxClient(d().socketPath, NS);
+    const fresh = new SandboxClient(d().socketPath, NS, { ownConnection: true });
     try {
       assert.equal((await fresh.status({ sandboxId: ID }, { timeoutMs: 5000 })).state, 'SANDBOX_READY');
     } finally {
@@ -415,6 +423,135 @@ describe('hostile peers on the socket', () => {
           conn.destroy();
         }
       }
+    }));
+
+  // ---------------------------------------------------------------------------------------
+  // Connections that take a slot and never become a client: containerd must still get in.
+
+  /** Opens `count` raw connections, at most CONNECT_BATCH at a time, each then sent `first(i)`. */
+  async function openMany(path: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawConnection[]> {
+    const conns: RawConnection[] = [];
+    for (let start = 0; start < count; start += CONNECT_BATCH) {
+      const batch = Array.from({ length: Math.min(CONNECT_BATCH, count - start) }, async (_, k) => {
+        const conn = await RawConnection.connect(path, { keepFrames: false });
+        const bytes = first(start + k);
+        if (bytes !== undefined) void conn.write(bytes);
+        return conn;
+      });
+      for (const result of await Promise.allSettled(batch)) {
+        // A connection refused at connect is one the attacker does not hold.
+        if (result.status === 'fulfilled') conns.push(result.value);
+      }
+    }
+    return conns;
+  }
+
+  /**
+   * Runs an attack on the connection table while a long-lived client (containerd's
+   * connection) holds a Wait. `run` may call `probe` whenever the attack is in place: a Status
+   * on a fresh connection, which must be answered within FRESH_STATUS_MS. When `run` returns
+   * the attacker has left: the daemon's descriptors must be back to the baseline within
+   * RELEASE_MS, its RSS bounded all along, and the Wait still pending on the connection it was
+   * sent on, answered when the sandbox stops.
+   */
+  async function connectionAttack(name: string, run: (path: string, probe: () => Promise<void>) => Promise<void>): Promise<void> {
+    const p = pid();
+    const watcher = client as SandboxClient;
+    const waitId = `wait-${name.replace(/[^a-z0-9]+/g, '-')}`;
+    await watcher.create({ sandboxId: waitId });
+    await watcher.start({ sandboxId: waitId });
+    const waited = watcher.wait({ sandboxId: waitId }).then(
+      (response) => ({ response, error: undefined }),
+      (error: unknown) => ({ response: undefined, error }),
+    );
+    // Calls go out in order on one connection: once this is answered, the Wait is in flight.
+    assert.equal((await watcher.status({ sandboxId: waitId }, { timeoutMs: 5000 })).state, 'SANDBOX_READY');
+
+    const probes: string[] = [];
+    let probed = 0;
+    let slowestMs = 0;
+    const probe = async (): Promise<void> => {
+      probed++;
+      const fresh = new SandboxClient(d().socketPath, NS, { ownConnection: true });
+      const started = performance.now();
+      try {
+        const state = (await fresh.status({ sandboxId: ID }, { timeoutMs: FRESH_STATUS_MS })).state;
+        const ms = performance.now() - started;
+        slowestMs = Math.max(slowestMs, ms);
+        if (state !== 'SANDBOX_READY') probes.push(`state ${state}`);
+      } catch (err) {
+        const ms = performance.now() - started;
+        slowestMs = Math.max(slowestMs, ms);
+        probes.push(`${(err as Partial<ServiceError>).code === undefined ? String(err) : codeName((err as ServiceError).code)} after ${ms.toFixed(0)} ms`);
+      } finally {
+        fresh.close();
+      }
+    };
+
+    const samples = sampler(p);
+    let left = 0;
+    let releaseMs = Number.NaN;
+    let fdsAfter = 0;
+    let stopped = { maxRss: 0, maxFds: 0 };
+    try {
+      await run(d().socketPath, probe);
+      left = performance.now();
+      try {
+        await waitFor(() => fdCount(p) <= baselineFds, { what: 'descriptors back to the baseline', timeoutMs: RELEASE_MS, intervalMs: 20 });
+        releaseMs = performance.now() - left;
+      } catch {
+        // Reported below with the count it stayed at.
+      }
+      fdsAfter = fdCount(p);
+    } finally {
+      stopped = samples.stop();
+      process.stdout.write(
+        `# ${name}: fresh Status slowest ${slowestMs.toFixed(0)} ms, failed ${probes.length} of ${probed}${probes.length > 0 ? ` (${probes[0]})` : ''}; ` +
+          `descriptors ${fdsAfter} (baseline ${baselineFds}) ${Number.isNaN(releaseMs) ? `not back within ${RELEASE_MS} ms` : `back in ${releaseMs.toFixed(0)} ms`}; ` +
+          `RSS ${rssMiB(p).toFixed(0)} MiB (max ${stopped.maxRss.toFixed(0)}), max descriptors ${stopped.maxFds}\n`,
+      );
+    }
+    assert.equal(d().pid, p, `${name}: the daemon died\n${d().logTail()}`);
+    assert.deepEqual(probes, [], `${name}: a Status on a fresh connection was not answered within ${FRESH_STATUS_MS} ms`);
+    assert.ok(slowestMs < FRESH_STATUS_MS, `${name}: a fresh Status took ${slowestMs.toFixed(0)} ms`);
+    assert.ok(!Number.isNaN(releaseMs), `${name}: ${fdsAfter} descriptors ${RELEASE_MS} ms after the attacker left (baseline ${baselineFds})`);
+    assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB} MiB)`);
+    // The Wait rode out the attack on its connection: stopping the sandbox answers it.
+    await watcher.stop({ sandboxId: waitId, timeoutSecs: 0 }, { timeoutMs: 5000 });
+    const { response, error } = await waited;
+    assert.equal(error, undefined, `${name}: the Wait on the long-lived connection failed: ${String(error)}`);
+    assert.equal(response?.exitStatus, noopTsbox.stopExitStatus);
+    await watcher.shutdown({ sandboxId: waitId }, { timeoutMs: 5000 });
+  }
+
+  /** Holds connections made by `first` while a fresh Status is tried, then drops them all. */
+  const holdAndProbe =
+    (first: (i: number) => Buffer | undefined) =>
+    async (path: string, probe: () => Promise<void>): Promise<void> => {
+      const conns = await openMany(path, HELD_CONNECTIONS, first);
+      try {
+        for (let n = 0; n < 3; n++) await probe();
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    };
+
+  const HANDSHAKE = Buffer.concat([PREFACE, settingsFrame(), frame(FrameType.SETTINGS, Flag.ACK, 0)]);
+
+  test('2 000 connections idle after the HTTP/2 handshake', () => connectionAttack('idle after handshake', holdAndProbe(() => HANDSHAKE)));
+
+  test('2 000 connections that send nothing', () => connectionAttack('silent', holdAndProbe(() => undefined)));
+
+  test('2 000 connections that send half the preface', () => connectionAttack('half preface', holdAndProbe(() => PREFACE.subarray(0, 12))));
+
+  test('2 000 connections that announce a DATA frame longer than what follows, then close', () =>
+    connectionAttack('short DATA frame, closed', async (path, probe) => {
+      const conns = await openMany(path, HELD_CONNECTIONS, () =>
+        Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
+      );
+      for (const conn of conns) conn.destroy();
+      // What they left behind must not keep a new client out.
+      for (let n = 0; n < 3; n++) await probe();
     }));
 
   test('a trailing HEADERS with END_STREAM on an open stream ends the request: the call is answered', async () => {

@@ -111,11 +111,16 @@ export class SandboxClient {
   readonly #client: ControllerClient;
   readonly namespace: string;
 
-  constructor(socketPath: string, namespace: string) {
+  /**
+   * Clients on the same socket share one connection (grpc-js pools subchannels) unless
+   * `ownConnection` is set: then this client dials its own.
+   */
+  constructor(socketPath: string, namespace: string, options: { ownConnection?: boolean } = {}) {
     this.#client = new ControllerClient(`unix:${socketPath}`, credentials.createInsecure(), {
       // containerd sends up to 16 MiB (SPEC.md section 1); leave room above that.
       'grpc.max_send_message_length': 32 << 20,
       'grpc.max_receive_message_length': 32 << 20,
+      ...(options.ownConnection === true && { 'grpc.use_local_subchannel_pool': 1 }),
     });
     this.namespace = namespace;
   }
