@@ -138,37 +138,56 @@ Delegate=yes
 TimeoutStartSec=infinity
 EOF
 
-started=$SECONDS
-# The node: the host's / as a read-only hostfs root, our init, a cgroup v2 systemd; the
-# console goes to a file, no other terminal; UML's own files stay in the node's directory.
-TMPDIR=/dev/shm unshare --pid --fork --kill-child -- "$uml" \
-  "mem=$mem" umid=tsbox-node "$marker" \
-  root=/dev/root rootfstype=hostfs rootflags=/ ro \
-  "init=$here/uml-node-init.sh" "tsbox_node_dir=$node" \
-  systemd.unified_cgroup_hierarchy=1 systemd.show_status=error \
-  con=null ssl=null con0=null,fd:1 \
-  > "$node/console.log" 2>&1 < /dev/null &
-pid=$!
+# UML keeps the node's memory in a file in TMPDIR: /dev/shm when it has room for all of it
+# (a container's /dev/shm is often 64 MiB), else the node's own directory.
+mem_bytes="$(numfmt --from=iec "$mem")"
+shm_free="$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' || echo 0)"
+memdir=/dev/shm
+if ! [ "${shm_free:-0}" -gt "$mem_bytes" ] 2>/dev/null; then memdir="$node/uml"; fi
 
-tail -n +1 -F --pid="$pid" "$share/output" 2>/dev/null &
-tailer=$!
+# Boots the node and waits for it to power off (or for a bound); sets $reason when it hit one.
+boot() {
+  started=$SECONDS
+  reason=""
+  # The node: the host's / as a read-only hostfs root, our init, a cgroup v2 systemd; the
+  # console goes to a file, no other terminal; UML's own files stay in the node's directory.
+  TMPDIR="$memdir" unshare --pid --fork --kill-child -- "$uml" \
+    "mem=$mem" umid=tsbox-node "$marker" \
+    root=/dev/root rootfstype=hostfs rootflags=/ ro \
+    "init=$here/uml-node-init.sh" "tsbox_node_dir=$node" \
+    systemd.unified_cgroup_hierarchy=1 systemd.show_status=error \
+    con=null ssl=null con0=null,fd:1 \
+    > "$node/console.log" 2>&1 < /dev/null &
+  pid=$!
 
-reason=""
-boot_limit=$(( timeout < 180 ? timeout : 180 ))
-while kill -0 "$pid" 2>/dev/null; do
-  elapsed=$((SECONDS - started))
-  if [ ! -e "$share/started" ] && [ "$elapsed" -ge "$boot_limit" ]; then
-    reason="the node did not start the command within ${boot_limit} s of booting"
-    break
-  fi
-  if [ "$elapsed" -ge "$timeout" ]; then
-    reason="the node did not finish within --timeout ${timeout} s; killed"
-    break
-  fi
-  sleep 1
-done
-stop_node
-wait "$tailer" 2>/dev/null || true
+  tail -n +1 -F --pid="$pid" "$share/output" 2>/dev/null &
+  tailer=$!
+
+  local boot_limit=$(( timeout < 180 ? timeout : 180 )) elapsed
+  while kill -0 "$pid" 2>/dev/null; do
+    elapsed=$((SECONDS - started))
+    if [ ! -e "$share/started" ] && [ "$elapsed" -ge "$boot_limit" ]; then
+      reason="the node did not start the command within ${boot_limit} s of booting"
+      break
+    fi
+    if [ "$elapsed" -ge "$timeout" ]; then
+      reason="the node did not finish within --timeout ${timeout} s; killed"
+      break
+    fi
+    sleep 1
+  done
+  stop_node
+  wait "$tailer" 2>/dev/null || true
+}
+
+boot
+# A node that never reached the command (the kernel or its init failed before it) is booted
+# once more, saying so: that is the machine, not the command under test.
+if [ ! -e "$share/started" ]; then
+  echo "uml-node: the node did not reach the command (${reason:-it stopped}); console tail, then one more boot:" >&2
+  tail -n 30 "$node/console.log" >&2
+  boot
+fi
 
 if [ -n "$reason" ]; then
   echo "uml-node: $reason" >&2

@@ -154,10 +154,17 @@ function probeUnixSocket(path: string): Promise<'listening' | 'refused' | 'absen
 /**
  * Removes a unix socket file once no process listens on it: only when connecting is refused,
  * so a socket someone still serves is never touched. A reset connection (a listener closing)
- * is tried again every 20 ms for up to `timeoutMs`. Returns what it found.
+ * is tried again every 20 ms for up to `timeoutMs`; a listener, for up to `servedGraceMs` (a
+ * process that is ending). Returns what it found.
  */
-export async function removeStaleSocket(socket: string, log: Logger, timeoutMs = 5_000): Promise<'removed' | 'absent' | 'served' | 'kept'> {
+export async function removeStaleSocket(
+  socket: string,
+  log: Logger,
+  timeoutMs = 5_000,
+  servedGraceMs = 0,
+): Promise<'removed' | 'absent' | 'served' | 'kept'> {
   const deadline = Date.now() + timeoutMs;
+  const servedUntil = Date.now() + servedGraceMs;
   for (;;) {
     let answer;
     try {
@@ -171,7 +178,12 @@ export async function removeStaleSocket(socket: string, log: Logger, timeoutMs =
       log.warn({ file: socket, err }, 'cannot tell whether a process serves this socket: left as it is');
       return 'kept';
     }
-    if (answer === 'absent' || answer === 'listening') return answer === 'absent' ? 'absent' : 'served';
+    if (answer === 'absent') return 'absent';
+    if (answer === 'listening') {
+      if (Date.now() >= servedUntil) return 'served';
+      await sleep(20);
+      continue;
+    }
     if (answer === 'refused') {
       try {
         await unlink(socket);
@@ -200,7 +212,9 @@ export async function removeStaleSocket(socket: string, log: Logger, timeoutMs =
 export async function removeStaleShimSockets(containerdAddress: string, namespace: string, groupId: string, log: Logger): Promise<void> {
   for (const debug of [false, true]) {
     const socket = shimSocketPath(containerdAddress, namespace, groupId, debug);
-    const outcome = await removeStaleSocket(socket, log);
+    // A shim just ended may serve its socket a little longer: a Go process's leader can be gone
+    // from /proc before its other threads have let go of its files.
+    const outcome = await removeStaleSocket(socket, log, 5_000, 5_000);
     if (outcome === 'removed') log.debug({ file: socket }, 'removed the pod\'s shim socket that no process serves');
     else if (outcome === 'served') log.warn({ file: socket }, 'a process still serves the pod\'s shim socket after its shim was ended: left as it is');
   }

@@ -368,6 +368,8 @@ describe('a supervisor that never answers its start handshake', () => {
       mute,
       [
         '#!/bin/sh',
+        // The state dir lock is still the real supervisor's.
+        `[ "$1" = lock ] && exec ${tsboxShim} "$@"`,
         'while [ $# -gt 0 ]; do',
         '  if [ "$1" = --cgroup ]; then echo $$ > "$2/cgroup.procs"; shift; fi',
         '  shift',

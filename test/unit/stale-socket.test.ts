@@ -61,6 +61,18 @@ describe('stale shim sockets', () => {
     assert.ok(existsSync(plain));
   });
 
+  test('a listener that ends within the grace is waited for, then its socket removed', async () => {
+    const file = path.join(dir, 'ending.sock');
+    // Serves, then exits 300 ms later without closing the socket (as a killed process would).
+    const script = `require('node:net').createServer().listen(${JSON.stringify(file)}, () => { process.stdout.write('up'); setTimeout(() => process.exit(0), 300); })`;
+    const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    await new Promise<void>((resolve) => child.stdout.once('data', () => resolve()));
+    assert.equal(await removeStaleSocket(file, log, 5_000, 5_000), 'removed');
+    await exited;
+    assert.equal(existsSync(file), false);
+  });
+
   test('no file: nothing to do', async () => {
     assert.equal(await removeStaleSocket(path.join(dir, 'never.sock'), log), 'absent');
   });
