@@ -4,7 +4,7 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { dirname, isAbsolute, join } from 'node:path';
+import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
 import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
@@ -65,15 +65,6 @@ function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error
   if (read instanceof Error) return [fail(read.message, 'fix it (containerd cannot start with it either); "containerd config dump" shows what containerd reads')];
   const parsed = read;
   const findings: Finding[] = [];
-  // containerd skips an import that names no file: a removed drop-in is silently not read.
-  for (const file of parsed.files) {
-    const imports = file.toml['imports'];
-    for (const entry of Array.isArray(imports) ? imports : []) {
-      if (typeof entry !== 'string' || entry.includes('*')) continue;
-      const full = isAbsolute(entry) ? entry : join(dirname(file.path), entry);
-      if (!existsSync(full)) findings.push(fail(`${file.path} imports ${full}, which does not exist: containerd reads nothing from it`, `restore it ("tsbox install" writes tsbox's drop-in), or drop it from imports`));
-    }
-  }
   if (parsed.version < 2) findings.push(fail(`${path} is a version ${parsed.version} config: containerd 2.x needs version 2 or 3`, 'migrate it: containerd config migrate > config.toml'));
   const proxies = parsed.files.flatMap((f) => {
     const p = table(table(f.toml['proxy_plugins'])?.[SANDBOXER]);
