@@ -258,6 +258,23 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       await assertNothingLeft(b, [keep]);
     }));
 
+  test('a container past its memory limit is killed by the OOM killer and reported OOMKilled, with code 137', () =>
+    withLogs(async () => {
+      const config = env.podConfig('oom', { linux: { cgroup_parent: `/tsbox-e2e-${process.pid}/oom` } });
+      const id = await runPod(config);
+      // busybox dd allocates its block before reading into it: 32 MiB against a 16 MiB limit.
+      const c = await startContainer(id, config, 'hog', 'exec dd if=/dev/zero of=/dev/null bs=32M count=1', {
+        linux: { resources: { memory_limit_in_bytes: 16 * 1024 * 1024 } },
+      });
+      await waitFor(async () => (await containerState(c)).state === 'CONTAINER_EXITED', { what: 'the container over its limit ends' });
+      const { status } = await env.cri.call('ContainerStatus', { container_id: c });
+      assert.deepEqual({ reason: status?.reason, exitCode: status?.exit_code }, { reason: 'OOMKilled', exitCode: 137 });
+      const sandbox = await sandboxPid(id);
+      assert.ok(existsSync(`/proc/${sandbox}`), 'the OOM killer took the container, not the sandbox');
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
+    }));
+
   test('namespace modes: own network (CNI) with the pod hostname, host pid, container pid, host IPC', () =>
     withLogs(async () => {
       const config = env.podConfig('netpod', {
