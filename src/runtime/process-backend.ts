@@ -21,6 +21,7 @@ import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageO
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
+import { readChildAnswer } from './child-answer.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
@@ -589,49 +590,22 @@ export class ProcessBackend implements RuntimeBackend {
 }
 
 /**
- * Reads the supervisor's one-line answer and its stderr, then lets go of the pipes. A
- * supervisor that does not answer within `timeoutMs`, or a Start call that ends first, fails
- * the start; the caller kills what was started.
+ * Reads the supervisor's one-line answer. A supervisor that does not answer within
+ * `timeoutMs`, or a Start call that ends first, fails the start; the caller kills what was
+ * started.
  */
-function readReply(child: ChildProcess, timeoutMs: number, signal: CallSignal): Promise<{ shimPid: number; pid: number }> {
-  return new Promise((resolve, reject) => {
-    let out = '';
-    let err = '';
-    let settled = false;
-    const settle = (fn: () => void): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      signal.removeEventListener('abort', onAbort);
-      child.stdout?.destroy();
-      child.stderr?.destroy();
-      fn();
-    };
-    const onAbort = (): void => settle(() => reject(abortError(signal)));
-    const timer = setTimeout(
-      () => settle(() => reject(new TsboxError('FailedPrecondition', `cannot start sandbox: its supervisor did not answer within ${timeoutMs} ms (a network namespace or cgroup that blocks?)`))),
-      timeoutMs,
-    );
-    if (signal.aborted) onAbort();
-    else signal.addEventListener('abort', onAbort, { once: true });
-    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
-    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
-    const done = (): void =>
-      settle(() => {
-        const line = out.split('\n')[0] ?? '';
-        const ok = /^ok (\d+) (\d+)$/.exec(line);
-        if (ok !== null) {
-          resolve({ shimPid: Number(ok[1]), pid: Number(ok[2]) });
-        } else if (line.startsWith('error ')) {
-          reject(new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`));
-        } else {
-          reject(new TsboxError('Internal', `sandbox supervisor failed: ${(err || line || 'no answer').trim().slice(0, 300)}`));
-        }
-      });
-    child.once('error', (e) => {
-      settle(() => reject(new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e })));
-    });
-    // The supervisor closes its stdout after answering; it exits early only on failure.
-    child.stdout?.once('end', done);
+async function readReply(child: ChildProcess, timeoutMs: number, signal: CallSignal): Promise<{ shimPid: number; pid: number }> {
+  const answer = await readChildAnswer(child, {
+    timeoutMs,
+    timeoutError: () => new TsboxError('FailedPrecondition', `cannot start sandbox: its supervisor did not answer within ${timeoutMs} ms (a network namespace or cgroup that blocks?)`),
+    spawnError: (e) => new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e }),
+    signal,
+    abortError,
   });
+  const line = answer.kind === 'line' ? answer.line : '';
+  const ok = /^ok (\d+) (\d+)$/.exec(line);
+  if (ok !== null) return { shimPid: Number(ok[1]), pid: Number(ok[2]) };
+  if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`);
+  const said = answer.kind === 'line' ? line : `${answer.partial}${answer.stderr === '' ? '' : ` ${answer.stderr}`} (it exited: ${answer.exit})`;
+  throw new TsboxError('Internal', `sandbox supervisor failed: ${(said.trim() || 'no answer').slice(0, 300)}`);
 }

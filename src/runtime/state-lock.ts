@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { readChildAnswer } from './child-answer.js';
 
 /** The lock file in the state dir; it names the daemon that holds it. */
 export const LOCK_FILE = 'tsbox.lock';
@@ -73,51 +74,36 @@ export async function lockStateDir(stateDir: string, helper: string, logger: Log
 }
 
 /** Starts a lock helper and resolves with it once it holds the lock. */
-function takeLock(path: string, stateDir: string, helper: string): Promise<ChildProcess> {
-  return new Promise((resolve, reject) => {
-    // Its own group: a Ctrl-C meant for tsbox's terminal must not release the lock before
-    // tsbox's shutdown is done (the helper ignores SIGINT and SIGTERM anyway).
-    const child = spawn(helper, ['lock', path], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
-    let out = '';
-    let err = '';
-    let settled = false;
-    const settle = (fn: () => void): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      child.stdout?.destroy();
-      child.stderr?.destroy();
-      fn();
-    };
-    const fail = (error: Error): void =>
-      settle(() => {
-        // A helper that answered anything but "ok" exits by itself; one that did not answer
-        // in time is ended, and reaped by Node.
-        void endHelper(child);
-        reject(error);
-      });
-    const timer = setTimeout(() => fail(new Error(`cannot lock ${path}: ${helper} lock did not answer within ${ANSWER_TIMEOUT_MS} ms`)), ANSWER_TIMEOUT_MS);
-    child.once('error', (e) => fail(new Error(`cannot lock ${path}: cannot run ${helper}: ${e.message}`, { cause: e })));
-    child.stdin?.on('error', (e) => {
-      // EPIPE: the helper is gone; its exit, not this, tells what happened.
-      if ((e as NodeJS.ErrnoException).code !== 'EPIPE') fail(new Error(`cannot lock ${path}: ${e.message}`, { cause: e }));
-    });
-    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
-    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
-      out += chunk;
-      const newline = out.indexOf('\n');
-      if (newline < 0) return;
-      const line = out.slice(0, newline);
-      const busy = /^busy (\d+|unknown)$/.exec(line);
-      if (line === 'ok') settle(() => resolve(child));
-      else if (busy !== null) fail(new StateDirInUseError(stateDir, busy[1] === 'unknown' ? undefined : Number(busy[1])));
-      else if (line.startsWith('error ')) fail(new Error(`cannot lock ${path}: ${line.slice(6)}`));
-      else fail(new Error(`cannot lock ${path}: ${helper} lock answered ${JSON.stringify(line.slice(0, 200))}`));
-    });
-    child.once('exit', (code, signal) =>
-      fail(new Error(`cannot lock ${path}: ${helper} lock exited (${signal ?? `code ${code}`}) without an answer${err === '' ? '' : `: ${err.trim().slice(0, 300)}`}`)),
-    );
+async function takeLock(path: string, stateDir: string, helper: string): Promise<ChildProcess> {
+  // Its own group: a Ctrl-C meant for tsbox's terminal must not release the lock before
+  // tsbox's shutdown is done (the helper ignores SIGINT and SIGTERM anyway).
+  const child = spawn(helper, ['lock', path], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+  child.stdin?.on('error', (e) => {
+    // EPIPE: the helper is gone; its exit, not this, tells what happened. Anything else fails
+    // the write that holds the lock, and shows as the helper's exit.
+    if ((e as NodeJS.ErrnoException).code !== 'EPIPE') child.kill('SIGKILL');
   });
+  const failed = (error: Error): Error => {
+    // A helper that answered anything but "ok" exits by itself; one that did not answer in
+    // time is ended, and reaped by Node.
+    void endHelper(child);
+    return error;
+  };
+  const answer = await readChildAnswer(child, {
+    timeoutMs: ANSWER_TIMEOUT_MS,
+    timeoutError: () => failed(new Error(`cannot lock ${path}: ${helper} lock did not answer within ${ANSWER_TIMEOUT_MS} ms`)),
+    spawnError: (e) => failed(new Error(`cannot lock ${path}: cannot run ${helper}: ${e.message}`, { cause: e })),
+  });
+  if (answer.kind === 'ended') {
+    const err = answer.stderr.trim();
+    throw failed(new Error(`cannot lock ${path}: ${helper} lock exited (${answer.exit}) without an answer${err === '' ? '' : `: ${err.slice(0, 300)}`}`));
+  }
+  const { line } = answer;
+  if (line === 'ok') return child;
+  const busy = /^busy (\d+|unknown)$/.exec(line);
+  if (busy !== null) throw failed(new StateDirInUseError(stateDir, busy[1] === 'unknown' ? undefined : Number(busy[1])));
+  if (line.startsWith('error ')) throw failed(new Error(`cannot lock ${path}: ${line.slice(6)}`));
+  throw failed(new Error(`cannot lock ${path}: ${helper} lock answered ${JSON.stringify(line.slice(0, 200))}`));
 }
 
 /** Closes the helper's stdin (it lets the lock go and exits) and waits for its exit; kills it past a bound. */

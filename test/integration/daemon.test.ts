@@ -291,6 +291,28 @@ describe('one daemon per state dir', () => {
       await fresh.shutdown({ sandboxId: id });
     }));
 
+  test('a lock helper killed while the daemon runs is replaced: the dir stays locked, and the log says so', () =>
+    withLog(daemon, async () => {
+      const [helper] = lockHelpers(d().stateDir);
+      assert.ok(helper !== undefined, 'no lock helper runs');
+      process.kill(helper, 'SIGKILL');
+      let helpers: number[] = [];
+      await waitFor(
+        () => {
+          helpers = lockHelpers(d().stateDir);
+          return helpers.length === 1 && helpers[0] !== helper;
+        },
+        { what: 'a new lock helper in place of the killed one', timeoutMs: 10_000, describe: () => `helpers: ${helpers.join(', ')}` },
+      );
+      await waitFor(() => d().logTail().includes('state dir locked again'), { what: 'the log says the dir is locked again', timeoutMs: 5000 });
+      assert.match(d().logTail(), /lock helper exited while tsbox runs/);
+      assert.equal(readFileSync(path.join(d().stateDir, 'tsbox.lock'), 'utf8'), `${d().pid}\n`, 'the lock file names the daemon');
+      // Still the only daemon on the dir.
+      const second = await d().run([tsboxMain, 'serve', '--socket', path.join(d().dir, 'other2.sock'), '--state-dir', d().stateDir], 15_000);
+      assert.equal(second.code, 2, `exit ${second.code}, stderr: ${second.stderr}`);
+      assert.equal((await d().client(ns).status({ sandboxId: 'absent' }).catch((err: { code?: number }) => err.code)), 5, 'the daemon still serves (NotFound)');
+    }));
+
   test('SIGTERM: the lock helper has exited (and was reaped) when the daemon has; the next daemon takes the dir', () =>
     withLog(daemon, async () => {
       const [helper] = lockHelpers(d().stateDir);
