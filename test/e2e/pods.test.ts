@@ -9,79 +9,27 @@ import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import { LinuxContainerResources } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
 import {
-  type CriContainerConfig,
   type PodSandboxConfig,
   createSandboxClients,
   expectGrpcError,
   grpc,
 } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
-import { BUSYBOX_IMAGE } from '../support/images.js';
-import { type PodEnv, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, startPodEnv } from '../support/pod-env.js';
+import { type PodEnv, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
 
 describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 }, () => {
+  const harness = usePodEnv();
+  const { withLogs, runPod, startContainer, exec, sh, removePod, assertNothingLeft } = harness;
   let env: PodEnv;
-  /** Pods run by a test, removed in `after` whatever happened. */
-  const pods = new Set<string>();
-
-  before(async () => {
-    env = await startPodEnv();
+  before(() => {
+    env = harness.env;
   });
-
-  after(async () => {
-    for (const id of pods) {
-      // Only pods a failed test left: the env's teardown kills whatever remains.
-      await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-      await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-    }
-    await env?.teardown();
-  });
-
-  /** Runs `body`; on failure the message carries containerd's and tsbox's last log lines. */
-  async function withLogs(body: () => Promise<void>): Promise<void> {
-    try {
-      await body();
-    } catch (err) {
-      if (err instanceof Error) err.message = `${err.message}\n${env.logTails()}`;
-      throw err;
-    }
-  }
-
-  async function runPod(config: PodSandboxConfig): Promise<string> {
-    const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 });
-    pods.add(id);
-    return id;
-  }
-
-  async function startContainer(pod: string, podConfig: PodSandboxConfig, name: string, script: string, extra: Partial<CriContainerConfig> = {}): Promise<string> {
-    const config: CriContainerConfig = {
-      metadata: { name },
-      image: { image: BUSYBOX_IMAGE },
-      command: ['/bin/sh', '-c', script],
-      log_path: `${name}.log`,
-      ...extra,
-    };
-    const { container_id: id } = await env.cri.call('CreateContainer', { pod_sandbox_id: pod, config, sandbox_config: podConfig }, { timeoutMs: 60_000 });
-    await env.cri.call('StartContainer', { container_id: id }, { timeoutMs: 60_000 });
-    return id;
-  }
-
-  async function exec(container: string, cmd: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-    const r = await env.cri.call('ExecSync', { container_id: container, cmd, timeout: 20 }, { timeoutMs: 30_000 });
-    return { stdout: Buffer.from(r.stdout).toString('utf8'), stderr: Buffer.from(r.stderr).toString('utf8'), code: r.exit_code };
-  }
-
-  async function sh(container: string, script: string): Promise<string> {
-    const r = await exec(container, ['/bin/sh', '-c', script]);
-    assert.equal(r.code, 0, `${script}: exit ${r.code}, stderr ${r.stderr}`);
-    return r.stdout;
-  }
 
   async function containerState(id: string): Promise<{ state: string; exitCode: number; logPath: string }> {
     const { status } = await env.cri.call('ContainerStatus', { container_id: id });
@@ -89,33 +37,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
     return { state: status.state, exitCode: status.exit_code, logPath: status.log_path };
   }
 
-  /** Stops and removes the pod's containers and the pod, the way kubelet does. */
-  async function removePod(id: string, containers: readonly string[]): Promise<void> {
-    for (const c of containers) await env.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
-    for (const c of containers) await env.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
-    await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-    await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-    pods.delete(id);
-  }
-
-  async function assertNothingLeft(id: string, containers: readonly string[]): Promise<void> {
-    // Processes may take a moment to be reaped after the calls answered.
-    let left = podLeftovers(env, id, containers);
-    await waitFor(
-      () => {
-        left = podLeftovers(env, id, containers);
-        return Object.values(left).every((list: string[]) => list.length === 0);
-      },
-      { what: `nothing of pod ${id} left`, timeoutMs: 15_000, describe: () => JSON.stringify(left, null, 2) },
-    );
-  }
-
-  const sandboxPid = async (id: string): Promise<number> => {
-    const { info } = await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
-    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid;
-    assert.ok(typeof pid === 'number' && pid > 0, `verbose PodSandboxStatus names the sandbox pid: ${JSON.stringify(info)}`);
-    return pid;
-  };
+  const sandboxPid = (id: string): Promise<number> => harness.pidOf('PodSandboxStatus', id);
 
   test('containers run in the pod: exec, logs, exit codes, SIGTERM on stop, stats, shared namespaces, files', () =>
     withLogs(async () => {

@@ -9,11 +9,9 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { after, before, describe, test } from 'node:test';
-import type { CriContainerConfig, PodSandboxConfig } from '../support/containerd-clients.js';
-import { BUSYBOX_IMAGE } from '../support/images.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podLeftovers, startPodEnv } from '../support/pod-env.js';
-import { waitFor } from '../support/processes.js';
+import { describe, test } from 'node:test';
+import type { PodSandboxConfig } from '../support/containerd-clients.js';
+import { RUNC_HANDLER, TSBOX_HANDLER, usePodEnv } from '../support/pod-env.js';
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
 const RUNTIMES = "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes";
@@ -38,64 +36,36 @@ function cgroupOf(pid: number): string {
 }
 
 describe('the systemd cgroup driver: a pod in a slice on tsbox', { timeout: 900_000 }, () => {
-  let env: PodEnv;
-  const pods = new Set<string>();
-
-  before(async () => {
-    if (!existsSync('/run/systemd/system') || !existsSync(path.join(CGROUP_ROOT, 'cgroup.controllers'))) {
-      throw new Error('this test needs cgroup v2 with systemd as init: run it in the test node (scripts/uml-node.sh)');
-    }
-    env = await startPodEnv({
-      containerdToml: `
+  const harness = usePodEnv({
+    precondition: () => {
+      if (!existsSync('/run/systemd/system') || !existsSync(path.join(CGROUP_ROOT, 'cgroup.controllers'))) {
+        throw new Error('this test needs cgroup v2 with systemd as init: run it in the test node (scripts/uml-node.sh)');
+      }
+    },
+    containerdToml: `
 [${RUNTIMES}.${TSBOX_HANDLER}.options]
   SystemdCgroup = true
 [${RUNTIMES}.${RUNC_HANDLER}.options]
   SystemdCgroup = true
 `,
-    });
-  });
-
-  after(async () => {
-    for (const id of pods) {
-      // Only pods a failed test left: the env's teardown kills whatever remains.
-      await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-      await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-    }
-    await env?.teardown();
     // kubelet's slices, which systemd made for the pods' scopes.
-    execFileSync('systemctl', ['stop', 'kubepods.slice']);
+    cleanup: () => execFileSync('systemctl', ['stop', 'kubepods.slice']),
   });
-
-  async function withLogs(body: () => Promise<void>): Promise<void> {
-    try {
-      await body();
-    } catch (err) {
-      if (err instanceof Error) err.message = `${err.message}\n${env.logTails()}`;
-      throw err;
-    }
-  }
-
-  const sandboxPid = async (id: string): Promise<number> => {
-    const { info } = await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
-    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid;
-    assert.ok(typeof pid === 'number' && pid > 0, `verbose PodSandboxStatus names the sandbox pid: ${JSON.stringify(info)}`);
-    return pid;
-  };
+  const { withLogs, runPod, startContainer, removePod, assertNothingLeft, pidOf } = harness;
 
   test('the sandbox runs in cri-containerd-<id>.scope under the slice, known to systemd, with the pod\'s limits; its container runs beside it; nothing is left after the pod', () =>
     withLogs(async () => {
       // kubelet's name for a burstable pod's slice (dashes of the uid become underscores).
       const slice = `kubepods-burstable-pod${process.pid}_e2e.slice`;
-      const config: PodSandboxConfig = env.podConfig('systemd', {
+      const config: PodSandboxConfig = harness.env.podConfig('systemd', {
         linux: {
           cgroup_parent: slice,
           security_context: { namespace_options: { network: 'NODE', pid: 'POD', ipc: 'POD' } },
           resources: { memory_limit_in_bytes: 96 * 1024 * 1024, cpu_shares: 256, cpu_period: 100_000, cpu_quota: 50_000 },
         },
       });
-      const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 120_000 });
-      pods.add(id);
-      const pid = await sandboxPid(id);
+      const id = await runPod(config);
+      const pid = await pidOf('PodSandboxStatus', id);
       const unit = `cri-containerd-${id}.scope`;
       const scopeCgroup = `/kubepods.slice/kubepods-burstable.slice/${slice}/${unit}`;
 
@@ -115,33 +85,13 @@ describe('the systemd cgroup driver: a pod in a slice on tsbox', { timeout: 900_
       assert.deepEqual(limits(), wanted, 'the limits survive a daemon-reload');
 
       // A container of the pod, which runc puts in its own scope in the same slice.
-      const container: CriContainerConfig = {
-        metadata: { name: 'main' },
-        image: { image: BUSYBOX_IMAGE },
-        command: ['/bin/sh', '-c', 'exec sleep 100000'],
-        log_path: 'main.log',
-      };
-      const { container_id: c } = await env.cri.call('CreateContainer', { pod_sandbox_id: id, config: container, sandbox_config: config }, { timeoutMs: 120_000 });
-      await env.cri.call('StartContainer', { container_id: c }, { timeoutMs: 120_000 });
-      const { info } = await env.cri.call('ContainerStatus', { container_id: c, verbose: true });
-      const containerPid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
-      assert.ok(containerPid > 0, 'CRI names the container\'s pid');
+      const c = await startContainer(id, config, 'main', 'exec sleep 100000');
+      const containerPid = await pidOf('ContainerStatus', c);
       assert.equal(cgroupOf(containerPid), `/kubepods.slice/kubepods-burstable.slice/${slice}/cri-containerd-${c}.scope`, 'runc put the container beside the sandbox');
 
-      await env.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
-      await env.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
-      await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-      await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-      pods.delete(id);
+      await removePod(id, [c]);
       assert.equal(unitProperties(unit, ['LoadState']).LoadState, 'not-found', 'systemd no longer knows the scope');
       assert.equal(existsSync(path.join(CGROUP_ROOT, scopeCgroup)), false, 'the scope\'s cgroup is gone');
-      let left = podLeftovers(env, id, [c]);
-      await waitFor(
-        () => {
-          left = podLeftovers(env, id, [c]);
-          return Object.values(left).every((list: string[]) => list.length === 0);
-        },
-        { what: `nothing of pod ${id} left`, timeoutMs: 30_000, describe: () => JSON.stringify(left, null, 2) },
-      );
+      await assertNothingLeft(id, [c], 30_000);
     }));
 });

@@ -10,15 +10,13 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, readlinkSync, rmdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import { Metrics as CgroupV2Metrics } from '../../src/gen/cgroups/v2/metrics.js';
 import { LinuxContainerResources } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
-import { type CriContainerConfig, type PodSandboxConfig, createSandboxClients, expectGrpcError } from '../support/containerd-clients.js';
+import { createSandboxClients, expectGrpcError } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
-import { BUSYBOX_IMAGE } from '../support/images.js';
-import { type PodEnv, TSBOX_HANDLER, podLeftovers, startPodEnv } from '../support/pod-env.js';
+import { type PodEnv, TSBOX_HANDLER, podLeftovers, usePodEnv } from '../support/pod-env.js';
 import { killAndReap } from '../support/processes.js';
-import { waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
 const MiB = 1024 * 1024;
@@ -37,72 +35,12 @@ const keyed = (file: string): Map<string, bigint> =>
   );
 
 describe('pods on a cgroup v2 node with systemd', { timeout: 600_000 }, () => {
+  const harness = usePodEnv();
+  const { withLogs, runPod, startContainer, removePod, assertNothingLeft, pidOf } = harness;
   let env: PodEnv;
-  const pods = new Set<string>();
-
-  before(async () => {
-    env = await startPodEnv();
+  before(() => {
+    env = harness.env;
   });
-
-  after(async () => {
-    for (const id of pods) {
-      // Only pods a failed test left: the env's teardown kills whatever remains.
-      await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-      await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
-    }
-    await env?.teardown();
-  });
-
-  async function withLogs(body: () => Promise<void>): Promise<void> {
-    try {
-      await body();
-    } catch (err) {
-      if (err instanceof Error) err.message = `${err.message}\n${env.logTails()}`;
-      throw err;
-    }
-  }
-
-  async function runPod(config: PodSandboxConfig): Promise<string> {
-    const { pod_sandbox_id: id } = await env.cri.call('RunPodSandbox', { config, runtime_handler: TSBOX_HANDLER }, { timeoutMs: 60_000 });
-    pods.add(id);
-    return id;
-  }
-
-  async function startContainer(pod: string, podConfig: PodSandboxConfig, name: string, script: string): Promise<string> {
-    const config: CriContainerConfig = { metadata: { name }, image: { image: BUSYBOX_IMAGE }, command: ['/bin/sh', '-c', script], log_path: `${name}.log` };
-    const { container_id: id } = await env.cri.call('CreateContainer', { pod_sandbox_id: pod, config, sandbox_config: podConfig }, { timeoutMs: 60_000 });
-    await env.cri.call('StartContainer', { container_id: id }, { timeoutMs: 60_000 });
-    return id;
-  }
-
-  async function removePod(id: string, containers: readonly string[]): Promise<void> {
-    for (const c of containers) await env.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
-    for (const c of containers) await env.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
-    await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-    await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
-    pods.delete(id);
-  }
-
-  async function assertNothingLeft(id: string, containers: readonly string[]): Promise<void> {
-    let left = podLeftovers(env, id, containers);
-    await waitFor(
-      () => {
-        left = podLeftovers(env, id, containers);
-        return Object.values(left).every((list: string[]) => list.length === 0);
-      },
-      { what: `nothing of pod ${id} left`, timeoutMs: 15_000, describe: () => JSON.stringify(left, null, 2) },
-    );
-  }
-
-  const pidOf = async (call: 'PodSandboxStatus' | 'ContainerStatus', id: string): Promise<number> => {
-    const { info } =
-      call === 'PodSandboxStatus'
-        ? await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true })
-        : await env.cri.call('ContainerStatus', { container_id: id, verbose: true });
-    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid;
-    assert.ok(typeof pid === 'number' && pid > 0, `verbose ${call} names the pid: ${JSON.stringify(info)}`);
-    return pid;
-  };
 
   /** The one cgroup v2 path of a process, from /proc/PID/cgroup ("0::/path"). */
   const cgroupOf = (pid: number): string => {

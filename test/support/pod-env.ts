@@ -7,11 +7,14 @@
  * whose pod addresses lie in 127.0.0.0/8 (no traffic leaves the machine). Shared by the
  * end-to-end tests of pods and the pod benchmark.
  */
+import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, rmdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { after, before } from 'node:test';
 import {
+  type CriContainerConfig,
   type CriRuntimeMethods,
   type PodSandboxConfig,
   type UnaryClient,
@@ -19,7 +22,7 @@ import {
 } from './containerd-clients.js';
 import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
-import { importTestImages } from './images.js';
+import { BUSYBOX_IMAGE, importTestImages } from './images.js';
 import {
   type SandboxerCommand,
   type SandboxerDaemon,
@@ -27,6 +30,7 @@ import {
   makeTempDir,
   removeTree,
   tsboxSandboxer,
+  waitFor,
 } from './tsbox-daemon.js';
 
 export const TSBOX_HANDLER = 'tsbox';
@@ -315,4 +319,122 @@ export function runcShimsOf(env: PodEnv): { pid: number; sockets: string[] }[] {
     out.push({ pid: Number(entry), sockets });
   }
   return out;
+}
+
+/** A test file's pods on a PodEnv, with the calls kubelet makes, and the checks after them. */
+export interface PodHarness {
+  /** The env, once `before` started it. */
+  readonly env: PodEnv;
+  /** Runs `body`; on failure the message carries containerd's and tsbox's last log lines. */
+  readonly withLogs: (body: () => Promise<void>) => Promise<void>;
+  /** RunPodSandbox on `handler` (tsbox's by default); the pod is removed in `after` if a test left it. */
+  readonly runPod: (config: PodSandboxConfig, handler?: string) => Promise<string>;
+  /** CreateContainer and StartContainer of busybox running `sh -c script`. */
+  readonly startContainer: (pod: string, podConfig: PodSandboxConfig, name: string, script: string, extra?: Partial<CriContainerConfig>) => Promise<string>;
+  readonly exec: (container: string, cmd: string[]) => Promise<{ stdout: string; stderr: string; code: number }>;
+  /** `sh -c script` in the container, which must exit 0; its stdout. */
+  readonly sh: (container: string, script: string) => Promise<string>;
+  /** Stops and removes the pod's containers and the pod, the way kubelet does. */
+  readonly removePod: (id: string, containers: readonly string[]) => Promise<void>;
+  /** Waits (bounded) until nothing of the pod is left: processes, mounts, files, cgroups, sockets. */
+  readonly assertNothingLeft: (id: string, containers: readonly string[], timeoutMs?: number) => Promise<void>;
+  /** The pid verbose PodSandboxStatus (or ContainerStatus) names. */
+  readonly pidOf: (call: 'PodSandboxStatus' | 'ContainerStatus', id: string) => Promise<number>;
+}
+
+/**
+ * Starts a PodEnv in the enclosing suite's `before` (after `precondition`, which throws when
+ * the node cannot run the suite) and, in its `after`, removes the pods a failed test left,
+ * tears the env down and runs `cleanup`.
+ */
+export function usePodEnv(
+  options: Parameters<typeof startPodEnv>[0] & { precondition?: () => void; cleanup?: () => void } = {},
+): PodHarness {
+  let started: PodEnv | undefined;
+  const pods = new Set<string>();
+  const env = (): PodEnv => {
+    assert.ok(started !== undefined, 'the pod env did not start');
+    return started;
+  };
+  before(async () => {
+    options.precondition?.();
+    started = await startPodEnv(options);
+  });
+  after(async () => {
+    for (const id of pods) {
+      // Only pods a failed test left: the env's teardown kills whatever remains.
+      await started?.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
+      await started?.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 30_000 }).catch(() => /* see above */ undefined);
+    }
+    await started?.teardown();
+    options.cleanup?.();
+  });
+  const exec = async (container: string, cmd: string[]): Promise<{ stdout: string; stderr: string; code: number }> => {
+    const r = await env().cri.call('ExecSync', { container_id: container, cmd, timeout: 20 }, { timeoutMs: 30_000 });
+    return { stdout: Buffer.from(r.stdout).toString('utf8'), stderr: Buffer.from(r.stderr).toString('utf8'), code: r.exit_code };
+  };
+  return {
+    get env() {
+      return env();
+    },
+    async withLogs(body) {
+      try {
+        await body();
+      } catch (err) {
+        if (err instanceof Error && started !== undefined) err.message = `${err.message}\n${started.logTails()}`;
+        throw err;
+      }
+    },
+    async runPod(config, handler = TSBOX_HANDLER) {
+      const { pod_sandbox_id: id } = await env().cri.call('RunPodSandbox', { config, runtime_handler: handler }, { timeoutMs: 120_000 });
+      pods.add(id);
+      return id;
+    },
+    async startContainer(pod, podConfig, name, script, extra = {}) {
+      const config: CriContainerConfig = {
+        metadata: { name },
+        image: { image: BUSYBOX_IMAGE },
+        command: ['/bin/sh', '-c', script],
+        log_path: `${name}.log`,
+        ...extra,
+      };
+      const { container_id: id } = await env().cri.call('CreateContainer', { pod_sandbox_id: pod, config, sandbox_config: podConfig }, { timeoutMs: 120_000 });
+      await env().cri.call('StartContainer', { container_id: id }, { timeoutMs: 120_000 });
+      return id;
+    },
+    exec,
+    async sh(container, script) {
+      const r = await exec(container, ['/bin/sh', '-c', script]);
+      assert.equal(r.code, 0, `${script}: exit ${r.code}, stderr ${r.stderr}`);
+      return r.stdout;
+    },
+    async removePod(id, containers) {
+      const { cri } = env();
+      for (const c of containers) await cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
+      for (const c of containers) await cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
+      await cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+      await cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+      pods.delete(id);
+    },
+    async assertNothingLeft(id, containers, timeoutMs = 15_000) {
+      // Processes may take a moment to be reaped after the calls answered.
+      let left = podLeftovers(env(), id, containers);
+      await waitFor(
+        () => {
+          left = podLeftovers(env(), id, containers);
+          return Object.values(left).every((list: string[]) => list.length === 0);
+        },
+        { what: `nothing of pod ${id} left`, timeoutMs, describe: () => JSON.stringify(left, null, 2) },
+      );
+    },
+    async pidOf(call, id) {
+      const { info } =
+        call === 'PodSandboxStatus'
+          ? await env().cri.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true })
+          : await env().cri.call('ContainerStatus', { container_id: id, verbose: true });
+      const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid;
+      assert.ok(typeof pid === 'number' && pid > 0, `verbose ${call} names the pid: ${JSON.stringify(info)}`);
+      return pid;
+    },
+  };
 }
