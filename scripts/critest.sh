@@ -8,7 +8,13 @@
 # runc shim ends with a pod's last container, so a late Kill gets "ttrpc: closed"). Only a
 # spec that fails again counts; the output says which specs were rerun and how they went.
 #
-#   scripts/critest.sh            both runs and the comparison
+#   scripts/critest.sh            both runs and the comparison; podsandbox's results are kept
+#                                 in .cache/critest-podsandbox.json for --reference
+#   scripts/critest.sh --reference FILE
+#                                 tsbox only, against podsandbox's results in FILE (an earlier
+#                                 run's, on another node of the same machine): stricter, never
+#                                 looser, than a podsandbox run here, since a spec podsandbox
+#                                 would fail here must still pass on tsbox
 #   scripts/critest.sh --prepare  only the stand-in images the suite pulls (built once into
 #                                 CRITEST_IMAGES, default .cache/critest-images; building them
 #                                 downloads Debian's busybox, so a node without network needs
@@ -33,6 +39,11 @@ if [ ! -f "$images/images.list" ]; then
   rm -f "$images.log"
 fi
 [ "${1:-}" = --prepare ] && exit 0
+reference=""
+if [ "${1:-}" = --reference ]; then
+  reference="$(cd "$(dirname "${2:?--reference needs a results file}")" && pwd)/$(basename "$2")"
+  [ -f "$reference" ] || { echo "critest: no podsandbox results at $reference (run scripts/critest.sh first)" >&2; exit 1; }
+fi
 base="$(mktemp -d /tmp/crt.XXXXXX)"
 # Kept when something failed, for the logs (containerd's, tsbox's, critest's) in it.
 trap 'if [ "$ok" = 1 ]; then rm -rf "$base"; else echo "critest: work dir kept: $base" >&2; fi' EXIT
@@ -50,7 +61,14 @@ run() { # handler work-dir [result-name focus]
     bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
   tail -n 1 "$out" >&2
 }
-run default "$base/d"
+if [ -z "$reference" ]; then
+  rm -f .cache/critest-podsandbox.json
+  run default "$base/d"
+  reference="$base/d/results-default.json"
+  [ ! -f "$reference" ] || cp "$reference" .cache/critest-podsandbox.json
+else
+  echo "==> critest: podsandbox's results from $reference" >&2
+fi
 run tsbox "$base/t"
 
 reruns=()
@@ -63,9 +81,9 @@ while IFS= read -r spec; do
   run tsbox "$base/t" "tsbox-rerun-$i" "$focus"
   result="$base/t/results-tsbox-rerun-$i.json"
   if [ -f "$result" ]; then reruns+=("$result"); else echo "critest: the rerun left no results (see $base/t.tsbox-rerun-$i.err)" >&2; fi
-done < <(node scripts/critest-compare.mjs --rerun-list "$base/d/results-default.json" "$base/t/results-tsbox.json")
+done < <(node scripts/critest-compare.mjs --rerun-list "$reference" "$base/t/results-tsbox.json")
 
-node scripts/critest-compare.mjs "$base/d/results-default.json" "$base/t/results-tsbox.json" "${reruns[@]}" || {
+node scripts/critest-compare.mjs "$reference" "$base/t/results-tsbox.json" "${reruns[@]}" || {
   echo "--- critest on tsbox (stderr tail) ---" >&2
   tail -n 30 "$base/t.err" >&2
   exit 1

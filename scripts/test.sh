@@ -47,5 +47,5 @@ step "tests"
 node --test --test-concurrency=1 --expose-gc \
   dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/hostile/*.test.js dist/test/e2e/*.test.js
 
-step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration"
-bash scripts/test-uml-node.sh node pods
+step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration, critest on tsbox pods"
+bash scripts/test-uml-node.sh node pods critest-tsbox
