@@ -185,9 +185,13 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       const config = env.podConfig('oom', { linux: { cgroup_parent: `/tsbox-e2e-${process.pid}/oom` } });
       const id = await runPod(config);
       // busybox dd allocates its block before reading into it: 32 MiB against a 16 MiB limit.
-      const c = await startContainer(id, config, 'hog', 'exec dd if=/dev/zero of=/dev/null bs=32M count=1', {
+      // It starts when the test says so, through an exec: containerd's runc shim watches a
+      // cgroup v2 container's memory.events only from a moment after the container started,
+      // and an OOM kill before that moment is one no runtime on that route can report.
+      const c = await startContainer(id, config, 'hog', 'mkfifo /tmp/go && read go < /tmp/go && exec dd if=/dev/zero of=/dev/null bs=32M count=1', {
         linux: { resources: { memory_limit_in_bytes: 16 * 1024 * 1024 } },
       });
+      assert.equal((await exec(c, ['sh', '-c', 'until [ -p /tmp/go ]; do sleep 0.05; done; echo go > /tmp/go'])).code, 0);
       await waitFor(async () => (await containerState(c)).state === 'CONTAINER_EXITED', { what: 'the container over its limit ends' });
       const { status } = await env.cri.call('ContainerStatus', { container_id: c });
       assert.deepEqual({ reason: status?.reason, exitCode: status?.exit_code }, { reason: 'OOMKilled', exitCode: 137 });
