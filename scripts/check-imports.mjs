@@ -1,4 +1,4 @@
-// Checks that layers import one way (STYLE.md): entry/cli → transport, config, log →
+// Checks that layers import one way (STYLE.md): entry/cli → transport, ttrpc, config, log →
 // controller → its interfaces. The controller and state layers must not reach into
 // transports or child processes, and nothing may import upward. Exits 1 on a violation.
 import { readFileSync, readdirSync, statSync } from 'node:fs';
@@ -14,6 +14,16 @@ const RULES = [
   { layer: 'state', banned: ['@grpc/grpc-js', 'node:child_process'], bannedDirs: ['transport', 'runtime', 'gen'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
   { layer: 'runtime', banned: ['@grpc/grpc-js'], bannedDirs: ['transport'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
   { layer: 'transport', banned: ['node:child_process'], bannedDirs: ['runtime', 'state'], bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'] },
+  // The ttrpc transport is a protocol layer beside the gRPC one: it takes from the gRPC side
+  // only the error mapping, the socket handling and the shared limits, and knows nothing of
+  // what it serves.
+  {
+    layer: 'ttrpc',
+    banned: ['@grpc/grpc-js', 'node:child_process', 'node:http2'],
+    bannedDirs: ['controller', 'runtime', 'state', 'ops'],
+    bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts'],
+    onlyFrom: { transport: ['transport/status.ts', 'transport/socket.ts', 'transport/limits.ts'], gen: ['gen/ttrpc/', 'gen/google/'] },
+  },
 ];
 
 function walk(dir) {
@@ -39,8 +49,14 @@ for (const file of walk(src)) {
       // Any: the generated CRI messages (gen/runtime/) are how it decodes them, and all it may
       // take from gen/.
       const criMessages = layer === 'controller' && target.startsWith('gen/runtime/');
-      if (rule && !criMessages && (rule.bannedDirs.includes(targetTop) || rule.bannedFiles.includes(target.replace(/\.js$/, '.ts')))) {
+      const targetFile = target.replace(/\.js$/, '.ts');
+      if (rule && !criMessages && (rule.bannedDirs.includes(targetTop) || rule.bannedFiles.includes(targetFile))) {
         if (!(layer === 'controller' && targetTop === 'controller')) problems.push(`${rel}: the ${layer} layer must not import ${spec}`);
+      }
+      // A folder the layer may take only some files from (each entry a file, or a folder ending in /).
+      const allowed = rule?.onlyFrom?.[targetTop];
+      if (allowed && !allowed.some((a) => (a.endsWith('/') ? targetFile.startsWith(a) : targetFile === a))) {
+        problems.push(`${rel}: the ${layer} layer may import from ${targetTop}/ only ${allowed.join(', ')}, not ${spec}`);
       }
     } else if (rule && rule.banned.includes(spec)) {
       problems.push(`${rel}: the ${layer} layer must not import ${spec}`);

@@ -25,7 +25,12 @@ const expected = [
   'cgroups/v1/metrics.ts',
   'cgroups/v2/metrics.ts',
   'runtime/v1/pod_sandbox_config.ts',
+  'containerd/task/v3/shim.ts',
+  'containerd/v1/types/task.ts',
+  'ttrpc/request.ts',
+  'google/rpc/status.ts',
   'google/protobuf/any.ts',
+  'google/protobuf/empty.ts',
   'google/protobuf/timestamp.ts',
 ];
 

@@ -65,16 +65,18 @@ unpack_debs() {
   rm -rf "$debs"
 }
 
+# The reference packages: containerd's API, containerd/cgroups, Kubernetes' CRI, ttrpc (its
+# Request and Response) and gogo's copy of googleapis (google.rpc.Status, which ttrpc's
+# Response carries). The marker names them, so adding one unpacks the set anew.
 protos="$cache/debian-protos"
-if [ ! -f "$protos/.complete" ]; then
+proto_debs="golang-github-containerd-containerd-api-dev/sid golang-github-containerd-cgroups-dev/sid golang-k8s-cri-api-dev/sid golang-github-containerd-ttrpc-dev/sid golang-github-gogo-googleapis-dev/sid"
+if [ "$(cat "$protos/.complete" 2>/dev/null)" != "$proto_debs" ]; then
   need_update
   log "unpacking reference .proto packages into $protos"
   rm -rf "$protos"
-  unpack_debs "$protos/root" \
-     golang-github-containerd-containerd-api-dev/sid \
-     golang-github-containerd-cgroups-dev/sid \
-     golang-k8s-cri-api-dev/sid
-  touch "$protos/.complete"
+  # shellcheck disable=SC2086 # one word per package
+  unpack_debs "$protos/root" $proto_debs
+  printf '%s' "$proto_debs" > "$protos/.complete"
 fi
 
 # A static busybox for the images the end-to-end tests build (pods with containers, no

@@ -12,6 +12,7 @@ export const GRPC_CODES = {
   DeadlineExceeded: 4,
   NotFound: 5,
   AlreadyExists: 6,
+  ResourceExhausted: 8,
   FailedPrecondition: 9,
   Unimplemented: 12,
   Internal: 13,

@@ -7,7 +7,6 @@
  * count must be back to what it was before, once the attacker is gone.
  */
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync } from 'node:fs';
 import http2 from 'node:http2';
 import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
@@ -34,6 +33,7 @@ import {
   windowUpdateFrame,
 } from '../support/h2-frames.js';
 import { noopTsbox } from '../support/noop-daemon.js';
+import { fdCount, rssMiB, sampler } from '../support/resources.js';
 import { type SandboxerDaemon, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
 
 /**
@@ -57,33 +57,6 @@ const FRESH_STATUS_MS = 1000;
 const RELEASE_MS = 5000;
 
 const delay = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
-
-function rssMiB(pid: number): number {
-  const match = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return match === null ? 0 : Number(match[1]) / 1024;
-}
-
-function fdCount(pid: number): number {
-  return readdirSync(`/proc/${pid}/fd`).length;
-}
-
-/** Samples the daemon's RSS and descriptors every 50 ms while an attack runs. */
-function sampler(pid: number): { stop(): { maxRss: number; maxFds: number } } {
-  let maxRss = rssMiB(pid);
-  let maxFds = fdCount(pid);
-  const sample = (): void => {
-    maxRss = Math.max(maxRss, rssMiB(pid));
-    maxFds = Math.max(maxFds, fdCount(pid));
-  };
-  const timer = setInterval(sample, 50);
-  return {
-    stop() {
-      clearInterval(timer);
-      sample();
-      return { maxRss, maxFds };
-    },
-  };
-}
 
 /** Writes `count` copies of what `make(i)` builds, in batches, until done, closed or `ms` passed. */
 async function flood(conn: RawConnection, count: number, make: (i: number) => Buffer, ms = 10_000): Promise<number> {

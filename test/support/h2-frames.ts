@@ -4,7 +4,8 @@
  * reader that splits what the server sends into frames. No Huffman coding, no decoding of the
  * server's header blocks (tests that need the answer's headers use node:http2).
  */
-import net from 'node:net';
+import type net from 'node:net';
+import { RawSocket } from './raw-socket.js';
 
 export const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
 
@@ -144,54 +145,26 @@ export interface ServerFrame {
 }
 
 /**
- * A plain connection to a unix socket that writes whatever a test builds and parses what the
- * server sends into frames (after the server's preface, which is a SETTINGS frame). Reading
- * can be stopped (`pause`) to play a peer that never reads.
+ * A raw connection (raw-socket.ts) that parses what the server sends into HTTP/2 frames
+ * (after the server's preface, which is a SETTINGS frame).
  */
-export class RawConnection {
-  readonly socket: net.Socket;
+export class RawConnection extends RawSocket {
   readonly frames: ServerFrame[] = [];
   /** Frames counted by type, kept even when `keepFrames` is false. */
   readonly counts = new Map<number, number>();
   /** Frames with END_STREAM (answers ended), HEADERS or DATA. */
   endedStreams = 0;
-  closed = false;
-  readonly #closedPromise: Promise<void>;
   #buffer: Buffer = Buffer.alloc(0);
   readonly #keepFrames: boolean;
-  #listeners: (() => void)[] = [];
 
   private constructor(socket: net.Socket, keepFrames: boolean) {
-    this.socket = socket;
+    super(socket, (chunk) => this.#parse(chunk));
     this.#keepFrames = keepFrames;
-    socket.on('data', (chunk: Buffer) => this.#parse(chunk));
-    // Resets and EPIPE are what a hostile peer expects; the test looks at `closed`.
-    socket.on('error', () => undefined);
-    this.#closedPromise = new Promise((resolve) =>
-      socket.once('close', () => {
-        this.closed = true;
-        this.#notify();
-        resolve();
-      }),
-    );
   }
 
   /** Connects; resolves once connected (or rejects when refused). */
-  static connect(path: string, options: { keepFrames?: boolean } = {}): Promise<RawConnection> {
-    return new Promise((resolve, reject) => {
-      const socket = net.connect(path);
-      socket.once('error', reject);
-      socket.once('connect', () => {
-        socket.off('error', reject);
-        resolve(new RawConnection(socket, options.keepFrames ?? true));
-      });
-    });
-  }
-
-  #notify(): void {
-    const listeners = this.#listeners;
-    this.#listeners = [];
-    for (const listener of listeners) listener();
+  static async connect(path: string, options: { keepFrames?: boolean } = {}): Promise<RawConnection> {
+    return new RawConnection(await RawSocket.open(path), options.keepFrames ?? true);
   }
 
   #parse(chunk: Buffer): void {
@@ -211,58 +184,6 @@ export class RawConnection {
       at += 9 + length;
     }
     this.#buffer = this.#buffer.subarray(at);
-    this.#notify();
-  }
-
-  /**
-   * Writes; resolves when the bytes are handed to the kernel, when the connection is gone, or
-   * after `timeoutMs` (a server that stopped reading leaves them queued here).
-   */
-  write(bytes: Uint8Array, timeoutMs = 10_000): Promise<void> {
-    if (this.closed || this.socket.destroyed) return Promise.resolve();
-    return new Promise((resolve) => {
-      if (this.socket.write(bytes)) {
-        resolve();
-        return;
-      }
-      const done = (): void => {
-        clearTimeout(timer);
-        this.socket.off('drain', done);
-        this.socket.off('close', done);
-        resolve();
-      };
-      const timer = setTimeout(done, Math.max(0, timeoutMs));
-      this.socket.once('drain', done);
-      this.socket.once('close', done);
-    });
-  }
-
-  /** Resolves when `check` holds (checked on every frame and at close), false after `timeoutMs`. */
-  until(check: () => boolean, timeoutMs: number): Promise<boolean> {
-    if (check()) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        this.#listeners = this.#listeners.filter((l) => l !== listener);
-        resolve(check());
-      }, timeoutMs);
-      const listener = (): void => {
-        if (check()) {
-          clearTimeout(timer);
-          resolve(true);
-        } else if (!this.closed) this.#listeners.push(listener);
-        else {
-          clearTimeout(timer);
-          resolve(false);
-        }
-      };
-      this.#listeners.push(listener);
-    });
-  }
-
-  /** Resolves true when the server closes the connection within `timeoutMs`. */
-  async closedWithin(timeoutMs: number): Promise<boolean> {
-    const timer = new Promise<false>((resolve) => setTimeout(() => resolve(false), timeoutMs).unref());
-    return Promise.race([this.#closedPromise.then(() => true as const), timer]);
   }
 
   /** The GOAWAY the server sent, if any: its error code. */
@@ -280,13 +201,5 @@ export class RawConnection {
       settings.set(first.payload.readUInt16BE(at), first.payload.readUInt32BE(at + 2));
     }
     return settings;
-  }
-
-  pause(): void {
-    this.socket.pause();
-  }
-
-  destroy(): void {
-    this.socket.destroy();
   }
 }

@@ -1,13 +1,14 @@
 // Proves that tsbox's wire definitions (proto/) match containerd's own: every
-// message, field number, type and label, and the Controller service's methods, are
-// compared with the reference .proto files Debian ships (SPEC.md section 1). Also
+// message, field number, type and label, and the Controller's, Store's and Task API v3's
+// methods, are compared with the reference .proto files Debian ships (SPEC.md section 1),
+// and so are ttrpc's envelope (Request, Response) and google.rpc.Status. Also
 // round-trips the generated code (src/gen/) and decodes its bytes with the
 // reference definitions.
 //
 // Reference dir: $TSBOX_DEBIAN_PROTOS, else <repo>/.cache/debian-protos/root/usr/share/gocode/src,
 // filled by scripts/install-containerd.sh.
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -22,13 +23,20 @@ import {
   ControllerStatusResponse,
 } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import { StoreService } from '../../src/gen/containerd/services/sandbox/v1/store.js';
+import { StateResponse, TaskService } from '../../src/gen/containerd/task/v3/shim.js';
+import { Status as TaskStatus } from '../../src/gen/containerd/v1/types/task.js';
+import { Request as TtrpcRequest, Response as TtrpcResponse } from '../../src/gen/ttrpc/request.js';
 
 /** Packages whose messages we own and compare; google.protobuf comes from protobufjs itself. */
 const OUR_PACKAGES = [
   'containerd.services.sandbox.v1',
   'containerd.types',
+  'containerd.task.v3',
+  'containerd.v1.types',
   'io.containerd.cgroups.v1',
   'io.containerd.cgroups.v2',
+  'ttrpc',
+  'google.rpc',
 ] as const;
 
 /** Reference files, relative to the reference root. Their imports are resolved from there too. */
@@ -37,7 +45,28 @@ const REFERENCE_FILES = [
   'github.com/containerd/cgroups/v3/cgroup1/stats/metrics.proto',
   'github.com/containerd/cgroups/v3/cgroup2/stats/metrics.proto',
   'k8s.io/cri-api/pkg/apis/runtime/v1/api.proto',
+  'github.com/containerd/containerd/api/runtime/task/v3/shim.proto',
+  'github.com/gogo/googleapis/google/rpc/status.proto',
 ] as const;
+
+/**
+ * ttrpc's envelope, loaded into a root of its own: it imports a placeholder message named
+ * `Status` with no package, which would otherwise be what other files' `Status` resolves to.
+ */
+const TTRPC_REFERENCE_FILES = ['github.com/containerd/ttrpc/request.proto'] as const;
+
+/** ttrpc's Go code, whose imports say which Status its Response carries (see below). */
+const TTRPC_REQUEST_GO = 'github.com/containerd/ttrpc/request.pb.go';
+
+/**
+ * Fields whose type the reference .proto spells with a stand-in. ttrpc's request.proto imports
+ * proto/status.proto, a placeholder `Status { int32 code = 1; }` with no package; the Go code
+ * it is compiled into (request.pb.go) uses genproto's google.rpc.Status, which is therefore
+ * what containerd's ttrpc puts on the wire. The test checks that claim in request.pb.go.
+ */
+const STAND_IN_FIELD_TYPES: ReadonlyMap<string, { readonly reference: string; readonly ours: string }> = new Map([
+  ['ttrpc.Response.status', { reference: 'Status', ours: 'google.rpc.Status' }],
+]);
 
 /**
  * Kubernetes CRI (package runtime.v1): tsbox defines only the messages it decodes, and of
@@ -127,6 +156,9 @@ function loadRoot(importRoot: string, files: readonly string[]): protobuf.Root {
     if (path.isAbsolute(target)) return target;
     const candidate = path.join(importRoot, target);
     if (existsSync(candidate)) return candidate;
+    // ttrpc's request.proto imports its own proto/status.proto relative to its module's root.
+    const besideOrigin = path.join(path.dirname(origin), target);
+    if (existsSync(besideOrigin)) return besideOrigin;
     if (OPTION_ONLY_IMPORTS.has(target)) return null;
     throw new Error(`wire.test: ${origin} imports ${target}, which is not under ${importRoot}`);
   };
@@ -148,7 +180,7 @@ let referenceRoot: protobuf.Root | undefined;
 /** The reference definitions; fails (never skips) when they are not unpacked. */
 function reference(): protobuf.Root {
   if (referenceRoot === undefined) {
-    const missing = REFERENCE_FILES.filter((f) => !existsSync(path.join(referenceDir, f)));
+    const missing = [...REFERENCE_FILES, ...TTRPC_REFERENCE_FILES].filter((f) => !existsSync(path.join(referenceDir, f)));
     if (missing.length > 0) {
       assert.fail(
         `reference .proto files not found under ${referenceDir} (missing ${missing.join(', ')}). ` +
@@ -158,6 +190,19 @@ function reference(): protobuf.Root {
     referenceRoot = loadRoot(referenceDir, REFERENCE_FILES);
   }
   return referenceRoot;
+}
+
+let ttrpcRoot: protobuf.Root | undefined;
+/** The reference for package ttrpc (TTRPC_REFERENCE_FILES). */
+function ttrpcReference(): protobuf.Root {
+  reference();
+  ttrpcRoot ??= loadRoot(referenceDir, TTRPC_REFERENCE_FILES);
+  return ttrpcRoot;
+}
+
+/** The reference root holding the type `name`. */
+function referenceFor(name: string): protobuf.Root {
+  return name.startsWith('ttrpc.') ? ttrpcReference() : reference();
 }
 
 let oursRoot: protobuf.Root | undefined;
@@ -204,8 +249,8 @@ function lookupTypeOrNull(root: protobuf.Root, name: string): protobuf.Type | nu
 function assertSameMessage(mine: protobuf.Type, omitted: ReadonlySet<string> = new Set()): void {
   const name = fqn(mine);
   const standIn = NEWER_MESSAGES.get(name);
-  let theirs = lookupTypeOrNull(reference(), name);
-  if (theirs === null && standIn !== undefined) theirs = lookupTypeOrNull(reference(), standIn);
+  let theirs = lookupTypeOrNull(referenceFor(name), name);
+  if (theirs === null && standIn !== undefined) theirs = lookupTypeOrNull(referenceFor(standIn), standIn);
   assert.ok(theirs !== null, `${name}: no such message in the reference`);
 
   for (const field of mine.fieldsArray) {
@@ -219,6 +264,12 @@ function assertSameMessage(mine: protobuf.Type, omitted: ReadonlySet<string> = n
       continue;
     }
     const theirShape = shapeOf(theirField);
+    const standInType = STAND_IN_FIELD_TYPES.get(key);
+    if (standInType !== undefined) {
+      assert.deepEqual(theirShape, { ...mineShape, type: standInType.reference }, `${key} (reference)`);
+      assert.equal(mineShape.type, standInType.ours, key);
+      continue;
+    }
     if (standIn !== undefined && theirs.fullName !== mine.fullName) {
       // Types of a stand-in live in the other package: compare their short names.
       assert.deepEqual(
@@ -370,7 +421,7 @@ test('generated service paths are containerd\'s', () => {
  * bytes as base64, fields absent from the wire omitted.
  */
 function decodeWithReference(typeName: string, bytes: Uint8Array): Record<string, unknown> {
-  const type = reference().lookupType(typeName);
+  const type = referenceFor(typeName).lookupType(typeName);
   const plain = type.toObject(type.decode(bytes), { longs: Number, bytes: String, defaults: false });
   return JSON.parse(JSON.stringify(plain)) as Record<string, unknown>;
 }
@@ -439,4 +490,116 @@ test('a Metric holding cgroups v1 Metrics in an Any round-trips', () => {
     usage: { limit: 1 << 30, usage: 8192, max: 16384 },
   });
   assert.deepEqual(theirs['hugetlb'], [{ pagesize: '2MB' }]);
+});
+
+function task(root: protobuf.Root): protobuf.Service {
+  return root.lookupService('containerd.task.v3.Task');
+}
+
+test('Task service (v3): same seventeen unary methods with the same request and response types', () => {
+  assert.deepEqual(describeService(task(ours())), describeService(task(reference())));
+  assert.deepEqual(
+    task(ours()).methodsArray.map((m) => m.name).sort(),
+    ['Checkpoint', 'CloseIO', 'Connect', 'Create', 'Delete', 'Exec', 'Kill', 'Pause', 'Pids', 'ResizePty', 'Resume', 'Shutdown', 'Start', 'State', 'Stats', 'Update', 'Wait'],
+  );
+  const generated = Object.values(TaskService);
+  assert.deepEqual(
+    generated.map((m) => m.path).sort(),
+    task(reference()).methodsArray.map((m) => `/containerd.task.v3.Task/${m.name}`).sort(),
+  );
+  for (const m of generated) assert.equal(m.requestStream || m.responseStream, false, m.path);
+});
+
+test("the task Status enum has containerd's names and numbers", () => {
+  const enumValues = (root: protobuf.Root): Record<string, number> => ({ ...root.lookupEnum('containerd.v1.types.Status').values });
+  assert.deepEqual(enumValues(ours()), enumValues(reference()));
+  assert.deepEqual(
+    Object.fromEntries(Object.entries(TaskStatus as Record<string, string | number>).filter(([, v]) => typeof v === 'number' && v >= 0)),
+    enumValues(reference()),
+  );
+});
+
+test('we define every message the reference Task service and ttrpc envelope use', () => {
+  const ref = reference();
+  const roots: protobuf.Type[] = [
+    ...task(ref).methodsArray.flatMap((m) => [m.resolvedRequestType, m.resolvedResponseType].filter((t): t is protobuf.Type => t !== null)),
+    ttrpcReference().lookupType('ttrpc.Request'),
+    ttrpcReference().lookupType('ttrpc.Response'),
+    ttrpcReference().lookupType('ttrpc.StringList'),
+    // What Response.status carries on the wire (STAND_IN_FIELD_TYPES).
+    ref.lookupType('google.rpc.Status'),
+  ];
+  // The reference's placeholder Status (no package) is replaced by google.rpc.Status.
+  const needed = [...reachable(roots)].filter((name) => name !== 'Status').sort();
+  const missing = needed.filter((name) => lookupTypeOrNull(ours(), name) === null);
+  assert.deepEqual(missing, [], 'reference messages missing from proto/');
+  assert.ok(needed.includes('containerd.v1.types.ProcessInfo'));
+  assert.ok(needed.includes('ttrpc.KeyValue'));
+});
+
+test("ttrpc's Go code carries google.rpc.Status in Response.status, as proto/ttrpc/request.proto says", () => {
+  const file = path.join(referenceDir, TTRPC_REQUEST_GO);
+  assert.ok(existsSync(file), `${file} not found: run scripts/install-containerd.sh (as root)`);
+  const go = readFileSync(file, 'utf8');
+  const alias = /^\s*(\w+)\s+"google\.golang\.org\/genproto\/googleapis\/rpc\/status"$/m.exec(go)?.[1];
+  assert.ok(alias !== undefined, 'request.pb.go does not import genproto status');
+  assert.match(go, new RegExp(`^\\s*Status\\s+\\*${alias}\\.Status\\s+\`protobuf:"bytes,1,opt,name=status`, 'm'));
+});
+
+test('a ttrpc Request and Response round-trip and read back with the reference definitions', () => {
+  const request = TtrpcRequest.fromPartial({
+    service: 'containerd.task.v3.Task',
+    method: 'Wait',
+    payload: Buffer.from([0x0a, 0x01, 0x61]),
+    timeoutNano: 5_000_000_000,
+    metadata: [{ key: 'containerd-namespace-ttrpc', value: 'k8s.io' }],
+  });
+  const requestBytes = TtrpcRequest.encode(request).finish();
+  assert.deepEqual(TtrpcRequest.decode(requestBytes), request);
+  assert.deepEqual(decodeWithReference('ttrpc.Request', requestBytes), {
+    service: 'containerd.task.v3.Task',
+    method: 'Wait',
+    payload: Buffer.from([0x0a, 0x01, 0x61]).toString('base64'),
+    timeout_nano: 5_000_000_000,
+    metadata: [{ key: 'containerd-namespace-ttrpc', value: 'k8s.io' }],
+  });
+
+  const response = TtrpcResponse.fromPartial({
+    status: { code: 5, message: 'task c0ffee not found', details: [] },
+  });
+  const responseBytes = TtrpcResponse.encode(response).finish();
+  assert.deepEqual(TtrpcResponse.decode(responseBytes), response);
+  const status = decodeWithReference('ttrpc.Response', responseBytes)['status'];
+  // The reference's placeholder reads the code; google.rpc.Status reads all of it.
+  assert.deepEqual(status, { code: 5 });
+  const reader = protobuf.Reader.create(responseBytes);
+  assert.equal(reader.uint32(), (1 << 3) | 2, 'Response.status comes first, length-delimited');
+  assert.deepEqual(decodeWithReference('google.rpc.Status', reader.bytes()), { code: 5, message: 'task c0ffee not found' });
+});
+
+test('a Task StateResponse round-trips and reads back with the reference definition', () => {
+  const state = StateResponse.fromPartial({
+    id: 'c0ffee',
+    bundle: '/run/containerd/io.containerd.runtime.v2.task/k8s.io/c0ffee',
+    pid: 4242,
+    status: TaskStatus.STOPPED,
+    stdout: '/run/containerd/fifo/1/c0ffee-stdout',
+    stderr: '/run/containerd/fifo/1/c0ffee-stderr',
+    exitStatus: 137,
+    exitedAt: { seconds: 1_700_000_000, nanos: 5 },
+    execId: 'probe-1',
+  });
+  const bytes = StateResponse.encode(state).finish();
+  assert.deepEqual(StateResponse.decode(bytes), state);
+  assert.deepEqual(decodeWithReference('containerd.task.v3.StateResponse', bytes), {
+    id: 'c0ffee',
+    bundle: '/run/containerd/io.containerd.runtime.v2.task/k8s.io/c0ffee',
+    pid: 4242,
+    status: 3,
+    stdout: '/run/containerd/fifo/1/c0ffee-stdout',
+    stderr: '/run/containerd/fifo/1/c0ffee-stderr',
+    exit_status: 137,
+    exited_at: { seconds: 1_700_000_000, nanos: 5 },
+    exec_id: 'probe-1',
+  });
 });

@@ -1,0 +1,230 @@
+/**
+ * Hostile and broken peers on a ttrpc socket (src/ttrpc/server.ts), against a server in a
+ * process of its own (test/support/ttrpc-test-server.ts): garbage, oversized frames, floods
+ * from peers that never read, frames left half-sent, thousands of idle connections. After each,
+ * the server must still answer a fresh client within FRESH_CALL_MS and the long-lived client
+ * (containerd's connection, holding a call the whole time) at once; its RSS must have stayed
+ * under RSS_BOUND_MIB all along, and its descriptors must be back to the baseline once the
+ * attacker is gone.
+ */
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { GRPC_CODES } from '../../src/errors.js';
+import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
+import { FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
+import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
+import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
+import { fdCount, sampler } from '../support/resources.js';
+import { RawTtrpc, TEST_SERVICE, requestFrame } from '../support/ttrpc-peer.js';
+
+/** The server's RSS bound during every attack; idle it is about 60 MiB. */
+const RSS_BOUND_MIB = 256;
+/** A fresh client's Echo is answered within this while an attack runs, and after it (the goal). */
+const FRESH_CALL_MS = 1000;
+/** The connection bound the server sets with this machine's descriptor limit (src/transport/limits.ts). */
+const CONNECTION_BOUND = 256;
+/** Connections an attacker opens at once. */
+const CONNECT_BATCH = 250;
+const MiB = 1024 * 1024;
+
+const serverMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support', 'ttrpc-test-server.js');
+
+/** A frame header announcing `length` bytes, without them. */
+function header(length: number, streamId: number, type: number = FrameType.Request): Buffer {
+  const bytes = Buffer.alloc(HEADER_BYTES);
+  bytes.writeUInt32BE(length, 0);
+  bytes.writeUInt32BE(streamId, 4);
+  bytes[8] = type;
+  return bytes;
+}
+
+/** Opens `count` raw connections, CONNECT_BATCH at a time, each sent `first(i)` if any. */
+async function openMany(socketPath: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawTtrpc[]> {
+  const conns: RawTtrpc[] = [];
+  for (let start = 0; start < count; start += CONNECT_BATCH) {
+    const batch = Array.from({ length: Math.min(CONNECT_BATCH, count - start) }, async (_, k) => {
+      const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
+      const bytes = first(start + k);
+      if (bytes !== undefined) void conn.write(bytes);
+      return conn;
+    });
+    for (const result of await Promise.allSettled(batch)) {
+      // A connection refused at connect is one the attacker does not hold.
+      if (result.status === 'fulfilled') conns.push(result.value);
+    }
+  }
+  return conns;
+}
+
+describe('hostile peers on a ttrpc socket', () => {
+  let dir = '';
+  let socketPath = '';
+  let logPath = '';
+  let server: ManagedProcess | undefined;
+  let longLived: TtrpcClient | undefined;
+  let held: Promise<unknown> | undefined;
+  let heldSettled = false;
+  let baselineFds = 0;
+
+  const pid = (): number => {
+    assert.ok(server !== undefined && server.exitInfo() === undefined, `the server is gone\n${tailFile(logPath)}`);
+    return server.pid;
+  };
+
+  before(async () => {
+    dir = await makeTempDir('tsbox-ttrpc-h-');
+    socketPath = path.join(dir, 'task.sock');
+    logPath = path.join(dir, 'server.log');
+    server = await spawnLogged(process.execPath, [serverMain, socketPath], { logPath });
+    await waitForSocket(server, socketPath, { name: 'ttrpc test server', logTail: () => tailFile(logPath) });
+    longLived = await TtrpcClient.connect(socketPath);
+    // containerd's connection holds a Wait the whole time: Hold answers only at shutdown.
+    held = longLived.call(TEST_SERVICE, 'Hold', Buffer.alloc(0)).finally(() => {
+      heldSettled = true;
+    });
+    held.catch(() => /* checked after the attacks */ undefined);
+    assert.equal((await longLived.call(TEST_SERVICE, 'Echo', Buffer.from('up'))).toString(), 'up');
+    baselineFds = fdCount(pid());
+  });
+
+  after(async () => {
+    longLived?.close();
+    if (server !== undefined) await stopProcess(server, { graceMs: 5000 });
+    await removeTree(dir);
+  });
+
+  /** A fresh client's Echo; returns how long it took, failing past FRESH_CALL_MS. */
+  async function probe(): Promise<number> {
+    const started = performance.now();
+    const fresh = await TtrpcClient.connect(socketPath);
+    try {
+      const answer = await fresh.call(TEST_SERVICE, 'Echo', Buffer.from('fresh'), { timeoutMs: FRESH_CALL_MS });
+      assert.equal(answer.toString(), 'fresh');
+    } finally {
+      fresh.close();
+    }
+    const ms = performance.now() - started;
+    assert.ok(ms < FRESH_CALL_MS, `a fresh client waited ${ms.toFixed(0)} ms`);
+    return ms;
+  }
+
+  /** Runs one attack with the sampler on, then checks the server is as it was. */
+  async function attack(name: string, run: () => Promise<void>): Promise<void> {
+    const p = pid();
+    const samples = sampler(p);
+    let stopped = { maxRss: 0, maxFds: 0 };
+    try {
+      await run();
+    } finally {
+      stopped = samples.stop();
+    }
+    await waitFor(() => fdCount(p) <= baselineFds, { what: `${name}: descriptors back to ${baselineFds} (now ${fdCount(p)})`, timeoutMs: 20_000, intervalMs: 50 });
+    const ms = await probe();
+    process.stdout.write(`# ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
+    assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB})`);
+    assert.ok(stopped.maxFds <= baselineFds + CONNECTION_BOUND + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
+    assert.equal(pid(), p);
+    assert.equal(heldSettled, false, `${name}: the long-lived connection's pending call ended`);
+    assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('still'), { timeoutMs: 5000 }))?.toString(), 'still');
+  }
+
+  test('garbage: each connection gets its error answers and is closed once its bogus frame cannot arrive', () =>
+    attack('garbage', async () => {
+      const garbage = Buffer.alloc(64 * 1024);
+      for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 7919 + 13) & 0xff;
+      const conns = await openMany(socketPath, 50, () => garbage);
+      try {
+        // Closed by the frame-arrival deadline (10 s) at the latest.
+        const closed = await Promise.all(conns.map((c) => c.closedWithin(15_000)));
+        assert.equal(closed.filter((c) => !c).length, 0, 'connections that sent garbage stayed open');
+        await probe();
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    }));
+
+  test('oversized frames: RESOURCE_EXHAUSTED on their stream without their bytes being kept, and the connection serves on', () =>
+    attack('oversized', async () => {
+      const conn = await RawTtrpc.connect(socketPath);
+      try {
+        const length = MAX_MESSAGE_BYTES + 1;
+        await conn.write(header(length, 1));
+        assert.ok(await conn.until(() => conn.response(1) !== undefined, 5000), 'no answer to an oversized frame');
+        assert.equal(conn.response(1)?.code, GRPC_CODES.ResourceExhausted);
+        // Its payload goes by unkept; then the connection takes requests again.
+        const junk = Buffer.alloc(MiB, 0x61);
+        for (let sent = 0; sent < length; sent += junk.length) await conn.write(junk.subarray(0, Math.min(junk.length, length - sent)));
+        await conn.write(requestFrame(3, TEST_SERVICE, 'Echo', Buffer.from('after')));
+        assert.ok(await conn.until(() => conn.response(3) !== undefined, 5000), 'no answer after the oversized frame');
+        assert.equal(conn.response(3)?.payload.toString(), 'after');
+        // 64 connections announcing 4 GiB each and sending 256 KiB of it.
+        const big = await openMany(socketPath, 64, (i) => Buffer.concat([header(0xffffffff, 2 * i + 1), Buffer.alloc(256 * 1024)]));
+        await probe();
+        for (const c of big) c.destroy();
+      } finally {
+        conn.destroy();
+      }
+    }));
+
+  test('floods from peers that never read: requests, even stream ids, unknown frame types', () =>
+    attack('floods', async () => {
+      const makers: ((i: number) => Buffer)[] = [
+        (i) => requestFrame(2 * i + 1, TEST_SERVICE, 'Echo', Buffer.alloc(512)),
+        (i) => requestFrame(2 * i + 2, TEST_SERVICE, 'Echo'),
+        (i) => encodeFrame(2 * i + 1, 0x7f, Buffer.alloc(64)),
+      ];
+      for (const make of makers) {
+        const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
+        try {
+          conn.pause();
+          const stopAt = Date.now() + 5000;
+          let i = 0;
+          while (!conn.closed && Date.now() < stopAt && i < 400_000) {
+            const batch: Buffer[] = [];
+            for (const end = i + 2000; i < end; i++) batch.push(make(i));
+            await conn.write(Buffer.concat(batch), stopAt - Date.now());
+          }
+          await probe();
+        } finally {
+          conn.destroy();
+        }
+      }
+    }));
+
+  test('1 000 connections each leaving half of a 1 MiB frame unsent', () =>
+    attack('half-sent frames', async () => {
+      const conns = await openMany(socketPath, 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]));
+      try {
+        for (let n = 0; n < 3; n++) await probe();
+        const open = conns.filter((c) => !c.closed).length;
+        assert.ok(open <= CONNECTION_BOUND, `${open} connections holding half a frame are open, more than the bound of ${CONNECTION_BOUND}`);
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    }));
+
+  test('3 000 idle connections', () =>
+    attack('idle connections', async () => {
+      const conns = await openMany(socketPath, 3000, () => undefined);
+      try {
+        for (let n = 0; n < 3; n++) await probe();
+        const open = conns.filter((c) => !c.closed).length;
+        assert.ok(open <= CONNECTION_BOUND, `${open} idle connections open, more than the bound of ${CONNECTION_BOUND}`);
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    }));
+
+  test("at shutdown the long-lived connection's pending call is answered UNAVAILABLE", async () => {
+    assert.ok(server !== undefined && held !== undefined);
+    const ended = held.then(
+      () => assert.fail('the held call succeeded'),
+      (err: unknown) => err,
+    );
+    await stopProcess(server, { graceMs: 5000 });
+    const err = await ended;
+    assert.ok(err instanceof TtrpcError && err.code === GRPC_CODES.Unavailable, String(err));
+  });
+});

@@ -1,0 +1,94 @@
+/**
+ * For the ttrpc tests: a raw peer that writes frames a test builds and reads the server's
+ * Responses (raw-socket.ts, with tsbox's own frame decoder), request frames built by hand, and
+ * the methods of a test service that the in-process server (test/integration/ttrpc.test.ts)
+ * and the server process of the hostile tier (ttrpc-test-server.ts) both serve.
+ */
+import type net from 'node:net';
+import { TsboxError, abortError } from '../../src/errors.js';
+import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
+import { Request, Response } from '../../src/gen/ttrpc/request.js';
+import { FrameDecoder, FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
+import type { TtrpcServer } from '../../src/ttrpc/server.js';
+import { RawSocket } from './raw-socket.js';
+
+/** The test service's name; its methods are below. */
+export const TEST_SERVICE = 'tsbox.test.Echo';
+
+/** The metadata key containerd's ttrpc client puts the namespace in. */
+export const NAMESPACE_KEY = 'containerd-namespace-ttrpc';
+
+/**
+ * Serves on `server`: Echo (answers its payload), Hold (answers only when its signal fires,
+ * with the signal's reason), Fail (NOT_FOUND naming its payload), Crash (throws a plain Error,
+ * whose message must not reach the caller), Namespace (answers the namespace metadata), and
+ * the Task API's Connect (typed, through the generated definition).
+ */
+export function addTestMethods(server: TtrpcServer): void {
+  server.register(TEST_SERVICE, 'Echo', (payload) => Promise.resolve(payload));
+  server.register(
+    TEST_SERVICE,
+    'Hold',
+    (_payload, ctx) =>
+      new Promise((_resolve, reject) => {
+        if (ctx.signal.aborted) reject(abortError(ctx.signal));
+        ctx.signal.addEventListener('abort', () => reject(abortError(ctx.signal)), { once: true });
+      }),
+  );
+  server.register(TEST_SERVICE, 'Fail', (payload) => Promise.reject(new TsboxError('NotFound', `no such thing: ${payload.toString()}`)));
+  server.register(TEST_SERVICE, 'Crash', () => Promise.reject(new Error('secret detail')));
+  server.register(TEST_SERVICE, 'Namespace', (_payload, ctx) => Promise.resolve(Buffer.from((ctx.metadata.get(NAMESPACE_KEY) ?? []).join(','))));
+  server.registerMethod(TaskService.connect, (request) => Promise.resolve({ shimPid: process.pid, taskPid: request.id.length, version: '' }));
+}
+
+/** A request frame, built by hand. */
+export function requestFrame(streamId: number, service: string, method: string, payload: Uint8Array = Buffer.alloc(0), timeoutNano = 0): Buffer {
+  const request = Request.encode({ service, method, payload: Buffer.from(payload), timeoutNano, metadata: [] }).finish();
+  return encodeFrame(streamId, FrameType.Request, request);
+}
+
+/** A Response the server sent, with the stream it answered. */
+export interface ServerResponse {
+  readonly streamId: number;
+  readonly code: number;
+  readonly message: string;
+  readonly payload: Buffer;
+}
+
+/** A raw ttrpc peer: writes anything, collects the server's Responses. */
+export class RawTtrpc extends RawSocket {
+  readonly responses: ServerResponse[] = [];
+  /** Responses counted, kept or not. */
+  answered = 0;
+  readonly #decoder = new FrameDecoder();
+  readonly #keep: boolean;
+
+  private constructor(socket: net.Socket, keep: boolean) {
+    super(socket, (chunk) => this.#parse(chunk));
+    this.#keep = keep;
+  }
+
+  static async connect(path: string, options: { keepResponses?: boolean } = {}): Promise<RawTtrpc> {
+    return new RawTtrpc(await RawSocket.open(path), options.keepResponses ?? true);
+  }
+
+  /** The Response on `streamId`, if it came. */
+  response(streamId: number): ServerResponse | undefined {
+    return this.responses.find((r) => r.streamId === streamId);
+  }
+
+  #parse(chunk: Buffer): void {
+    for (const item of this.#decoder.push(chunk)) {
+      if (item.kind !== 'frame' || item.frame.type !== FrameType.Response) continue;
+      this.answered++;
+      if (!this.#keep) continue;
+      const response = Response.decode(item.frame.payload);
+      this.responses.push({
+        streamId: item.frame.streamId,
+        code: response.status?.code ?? 0,
+        message: response.status?.message ?? '',
+        payload: response.payload,
+      });
+    }
+  }
+}
