@@ -51,9 +51,6 @@ const CONNECTION_BOUND = 256;
 const HELD_CONNECTIONS = 2000;
 /** Connections an attacker opens at once (the listen backlog is 511). */
 const CONNECT_BATCH = 250;
-/** Short connections one attack opens and drops, and how many of them are in flight at once. */
-const SHORT_CONNECTIONS = 20_000;
-const SHORT_IN_FLIGHT = 400;
 /** A Status on a fresh connection is answered within this while an attack runs (issue's goal). */
 const FRESH_STATUS_MS = 1000;
 /** Descriptors are back to the baseline within this after the attacker leaves. */
@@ -566,50 +563,6 @@ describe('hostile peers on the socket', () => {
       for (const conn of conns) conn.destroy();
       // What they left behind must not keep a new client out.
       for (let n = 0; n < 3; n++) await probe();
-    }));
-
-  test('20 000 short connections dropped in mixed half-finished states', () =>
-    connectionAttack('20 000 short connections', async (path, probe) => {
-      const states: ((i: number) => Buffer | undefined)[] = [
-        () => undefined,
-        () => PREFACE.subarray(0, 12),
-        () => PREFACE,
-        () => HANDSHAKE,
-        () => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]),
-        () => Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
-        (i) => Buffer.alloc(64, i & 0xff),
-      ];
-      /** Connections the attacker half-closed: the daemon must close its side too. */
-      const halfClosed: RawConnection[] = [];
-      let probing = true;
-      const probes = (async () => {
-        while (probing) await probe();
-      })();
-      try {
-        for (let start = 0; start < SHORT_CONNECTIONS; start += SHORT_IN_FLIGHT) {
-          const conns = await openMany(path, SHORT_IN_FLIGHT, (i) => states[(start + i) % states.length]?.(start + i), SHORT_IN_FLIGHT);
-          conns.forEach((conn, i) => {
-            if (i % 2 === 0) conn.destroy();
-            else {
-              conn.socket.end();
-              halfClosed.push(conn);
-            }
-          });
-        }
-      } finally {
-        probing = false;
-        await probes;
-      }
-      await probe();
-      try {
-        await waitFor(() => halfClosed.every((c) => c.closed), {
-          what: `the daemon closing half-closed connections (${halfClosed.filter((c) => !c.closed).length} of ${halfClosed.length} open)`,
-          timeoutMs: RELEASE_MS,
-          intervalMs: 20,
-        });
-      } finally {
-        for (const conn of halfClosed) conn.destroy();
-      }
     }));
 
   test('a trailing HEADERS with END_STREAM on an open stream ends the request: the call is answered', async () => {
