@@ -1,59 +1,132 @@
 import type http2 from 'node:http2';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { CONNECTION_PING_MS, CONNECTION_PING_TIMEOUT_MS, CONNECTION_SWEEP_MS, HANDSHAKE_MS } from './limits.js';
+import { CONNECTION_PING_MS, CONNECTION_PING_TIMEOUT_MS, CONNECTION_SWEEP_MS, HANDSHAKE_MS, NEW_CLIENT_GRACE_MS } from './limits.js';
 
 /** Why the table ended a connection (the log line counts each). */
-type EndReason = 'no handshake in time' | 'no answer to PING' | 'evicted for a new connection' | 'refused: every connection carries a call';
+type EndReason =
+  | 'no handshake in time'
+  | 'not HTTP/2'
+  | 'ended by node, peer unheard'
+  | 'evicted for a new connection'
+  | 'refused: every other connection carries a call or is not read yet';
 
-/** The client's connection preface (RFC 9113 section 3.4): 24 bytes. */
-const PREFACE_LENGTH = 24;
+/** The client's connection preface (RFC 9113 section 3.4). */
+const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
+const FRAME_HEADER_LENGTH = 9;
+const SETTINGS_FRAME = 0x4;
+const ACK_FLAG = 0x1;
+/**
+ * The largest first SETTINGS frame accepted: the default SETTINGS_MAX_FRAME_SIZE (RFC 9113
+ * section 6.5.2), far above the six settings a client can name. A longer one is a broken peer.
+ */
+const MAX_FIRST_SETTINGS_LENGTH = 16_384;
 
 /** The table logs what it ended at most this often, as counts by reason. */
 const LOG_EVERY_MS = 10_000;
 
+/** How a connection's handshake bytes look so far. */
+type HandshakeProgress = 'incomplete' | 'complete' | 'not HTTP/2';
+
+/**
+ * Whether `head` (the first bytes of a connection) holds the client preface followed by a
+ * whole SETTINGS frame, the first frame the client must send (RFC 9113 section 3.4). Bytes
+ * that cannot become that are 'not HTTP/2' as soon as they arrive.
+ */
+export function handshakeProgress(head: Buffer): HandshakeProgress {
+  const prefaceBytes = Math.min(head.length, PREFACE.length);
+  if (!head.subarray(0, prefaceBytes).equals(PREFACE.subarray(0, prefaceBytes))) return 'not HTTP/2';
+  if (head.length < PREFACE.length + FRAME_HEADER_LENGTH) return 'incomplete';
+  const at = PREFACE.length;
+  const length = head.readUIntBE(at, 3);
+  const type = head[at + 3] as number;
+  const flags = head[at + 4] as number;
+  const streamId = head.readUInt32BE(at + 5) & 0x7fffffff;
+  if (type !== SETTINGS_FRAME || (flags & ACK_FLAG) !== 0 || streamId !== 0 || length % 6 !== 0 || length > MAX_FIRST_SETTINGS_LENGTH) {
+    return 'not HTTP/2';
+  }
+  return head.length >= at + FRAME_HEADER_LENGTH + length ? 'complete' : 'incomplete';
+}
+
 /** One accepted connection, as the table sees it. */
 class Connection {
-  /** The HTTP/2 session node made for it once its preface came (when it was injected). */
+  /** The HTTP/2 session node made for it once its handshake came (when it was handed over). */
   session: http2.ServerHttp2Session | undefined;
-  /** The peer's preface and SETTINGS came. */
-  handshaken = false;
+  /** When it was handed to grpc-js (its preface and first SETTINGS came); 0 until then. */
+  handedOverAt = 0;
   /** Calls in flight on it: open streams whose request has arrived whole. */
   calls = 0;
-  /** When the peer last sent bytes, or a stream opened or closed (ms since the epoch). */
-  lastActive: number;
-  /** The socket's bytesRead when last looked at. */
-  bytesSeen = 0;
-  /** When the PING waiting for an answer went out; 0 when none does. */
+  /** It has carried a whole call: a client, not just a connection. */
+  called = false;
+  /**
+   * Its place in the eviction order, oldest first: when it was accepted, or when its last
+   * call ended. Bytes without a call do not move it.
+   */
+  turn: number;
+  /** When the PING checking that node still serves it went out; 0 when none is out. */
   pingSentAt = 0;
+  /** When it last carried a call or answered a PING (ms since the epoch). */
+  lastHeard: number;
 
   constructor(
     readonly socket: Socket,
     readonly acceptedAt: number,
+    /** The table's loop generation when it was accepted (see ConnectionTable.#generation). */
+    readonly acceptedGeneration: number,
   ) {
-    this.lastActive = acceptedAt;
+    this.turn = acceptedAt;
+    this.lastHeard = acceptedAt;
+  }
+
+  /**
+   * Eviction rank, lowest first (`generation` is the table's now, see ConnectionTable):
+   * 0. it sent bytes, but not a whole handshake;
+   * 1. handshaken, and neither handshaken nor ended a call within NEW_CLIENT_GRACE_MS;
+   * 2. it sent nothing yet (a client whose process is busy looks like this for a while);
+   * 3. a client within its grace: handshaken, or ended a call, less than NEW_CLIENT_GRACE_MS ago.
+   * None for one with a call in flight, or one whose bytes have not been read once yet.
+   */
+  rank(now: number, generation: number): number | undefined {
+    if (this.calls > 0 || generation < this.acceptedGeneration + 2) return undefined;
+    if (this.handedOverAt === 0) return this.socket.bytesRead > 0 ? 0 : 2;
+    return now - Math.max(this.handedOverAt, this.turn) < NEW_CLIENT_GRACE_MS ? 3 : 1;
   }
 
   /** What the log says of it. */
   describe(now: number): Record<string, unknown> {
-    return { handshaken: this.handshaken, ageMs: now - this.acceptedAt, idleMs: now - this.lastActive, bytesRead: this.socket.bytesRead };
+    return {
+      handshaken: this.handedOverAt !== 0,
+      called: this.called,
+      ageMs: now - this.acceptedAt,
+      turnMs: now - this.turn,
+      bytesRead: this.socket.bytesRead,
+    };
   }
 }
 
 /**
  * The connections accepted on the listening socket, each tracked from accept to close, so
- * that no peer can keep containerd out by holding slots:
+ * that no peer can keep containerd out by holding slots, and no client loses its connection
+ * for being slow:
  * - a connection is forgotten the moment its socket closes; a peer that half-closes (sends
  *   FIN) is closed on our side at once, HTTP/2 has no use for half a connection;
- * - a connection that has not completed the HTTP/2 handshake within HANDSHAKE_MS is closed;
- * - a connection that carries no call and has been quiet for CONNECTION_PING_MS gets a
- *   PING, and is closed when nothing comes back within CONNECTION_PING_TIMEOUT_MS (any byte
- *   counts as an answer);
- * - when the table is full, a new connection takes the place of the longest-quiet one that
- *   carries no call (a stream whose request has not arrived whole is no call); a connection
- *   with a call in flight (containerd's, holding its Waits) is never the one closed. Only
- *   when every connection carries a call is the new one refused.
- * Per connection the table keeps a few numbers; it buffers nothing.
+ * - until the client's preface and first SETTINGS frame have come, the table reads the
+ *   connection itself, and it costs only a socket: bytes that are not the preface close it at
+ *   once, and it is closed when the handshake has not come within HANDSHAKE_MS. Then it is
+ *   handed to grpc-js;
+ * - node stops reading a connection it ended with a protocol error, so the peer's close never
+ *   reaches it. A connection with no call that has been quiet for CONNECTION_PING_MS is sent a
+ *   PING: one node cannot even send within CONNECTION_PING_TIMEOUT_MS is one node has ended,
+ *   and it is closed. A PING that went out and is not answered proves nothing (the client may
+ *   be busy, or paused for GC): that connection is left to grpc-js's keepalive, like any other;
+ * - when the table is full, a new connection takes the place of one that carries no call,
+ *   first by its rank (Connection.rank: a partial handshake first, a new client in its grace
+ *   last), then by the oldest turn (accepted, or ended its last call, longest ago): bytes that
+ *   are no call do not make a connection younger. A connection with a call in flight
+ *   (containerd's, holding its Waits) is never the one closed, nor one accepted in the same
+ *   event-loop turn whose bytes have not been read yet; when no other may go, the new one is
+ *   refused.
+ * Per connection the table keeps a few numbers, and the first bytes until the handshake.
  */
 export class ConnectionTable {
   readonly #limit: number;
@@ -67,6 +140,16 @@ export class ConnectionTable {
   #loggedAt = 0;
   #closed = false;
   readonly #sweep: NodeJS.Timeout;
+  /**
+   * Event-loop turns counted while connections arrive: a connection accepted in generation g
+   * has had its bytes read (if it sent any) once the count reaches g + 2 (accepted in one
+   * poll phase, its first read in the next, the count moves on after each). Until then it has
+   * not had its chance to show a handshake, and is not evicted: a burst of connections larger
+   * than the table, all accepted in one turn, must not push out the client among them.
+   */
+  #generation = 0;
+  #countUntil = 0;
+  #counting = false;
 
   /**
    * `http2Server` is the server behind `inject` (grpc-js's connection injector): the table
@@ -95,36 +178,51 @@ export class ConnectionTable {
     }
     if (this.#connections.size >= this.#limit && !this.#evictOne(now)) {
       socket.destroy();
-      this.#count('refused: every connection carries a call', now);
+      this.#count('refused: every other connection carries a call or is not read yet', now);
       return;
     }
-    const connection = new Connection(socket, now);
+    const connection = new Connection(socket, now, this.#generation);
+    this.#countTurns(this.#generation + 2);
     this.#connections.add(connection);
     socket.once('close', () => this.#connections.delete(connection));
     socket.once('end', () => socket.destroy());
-    this.#awaitPreface(connection);
+    // A reset ends in 'close' like anything else; the session adds its own handling later.
+    socket.on('error', () => undefined);
+    this.#awaitHandshake(connection);
   }
 
   /**
-   * Reads the first bytes of a connection until the HTTP/2 preface's length has come, then
-   * hands them back to the socket and the socket to grpc-js (node's session reads what the
-   * socket holds). Until then the connection costs a socket, not an HTTP/2 session: peers that
-   * connect and send nothing, or too little, are cheap to hold and to close.
+   * Reads the first bytes of a connection until the preface and the first SETTINGS frame have
+   * come, then hands them back to the socket and the socket to grpc-js (node's session reads
+   * what the socket holds). Until then the connection costs a socket, not an HTTP/2 session:
+   * peers that connect and send nothing, too little or something else are cheap to hold and
+   * to close.
    */
-  #awaitPreface(connection: Connection): void {
+  #awaitHandshake(connection: Connection): void {
     const socket = connection.socket;
-    const head: Buffer[] = [];
-    let length = 0;
+    let head: Buffer = Buffer.alloc(0);
+    let progress: HandshakeProgress = 'incomplete';
     const onReadable = (): void => {
-      for (let chunk: Buffer | null; length < PREFACE_LENGTH && (chunk = socket.read() as Buffer | null) !== null; ) {
-        head.push(chunk);
-        length += chunk.length;
+      for (let chunk: Buffer | null; progress !== 'not HTTP/2' && (chunk = socket.read() as Buffer | null) !== null; ) {
+        head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
+        if (progress === 'incomplete') {
+          progress = handshakeProgress(head);
+          // One turn later, so that a peer that sent its bytes and left (its end comes right
+          // after them) is gone before it costs a session. Reading goes on until then: a
+          // socket hands node what it holds but not an end it has already read, so an end read
+          // here must close it here.
+          if (progress === 'complete') {
+            setImmediate(() => {
+              socket.off('readable', onReadable);
+              this.#handOver(connection, head);
+            });
+          }
+        }
       }
-      if (length < PREFACE_LENGTH) return;
-      socket.off('readable', onReadable);
-      // One turn later, so that a peer that sent its bytes and left (its end comes right after
-      // them) is gone before it costs a session.
-      setImmediate(() => this.#handOver(connection, Buffer.concat(head, length)));
+      if (progress === 'not HTTP/2') {
+        socket.off('readable', onReadable);
+        this.#endFor(connection, 'not HTTP/2', Date.now());
+      }
     };
     socket.on('readable', onReadable);
   }
@@ -133,6 +231,7 @@ export class ConnectionTable {
     const socket = connection.socket;
     if (socket.destroyed || !this.#connections.has(connection)) return;
     socket.unshift(head);
+    connection.handedOverAt = Date.now();
     this.#arriving = connection;
     try {
       this.#inject(socket);
@@ -158,20 +257,17 @@ export class ConnectionTable {
     const connection = this.#arriving;
     if (connection === undefined) return;
     connection.session = session;
-    session.once('remoteSettings', () => {
-      connection.handshaken = true;
-      connection.lastActive = Date.now();
-    });
     session.on('stream', (stream: http2.ServerHttp2Stream) => {
-      connection.lastActive = Date.now();
       // A stream is a call once its request has arrived whole (containerd sends headers and
       // message in one write); one whose request never ends holds no call worth keeping.
       const called = (): void => {
         if (stream.destroyed) return;
         connection.calls++;
+        connection.called = true;
+        connection.lastHeard = Date.now();
         stream.once('close', () => {
           connection.calls--;
-          connection.lastActive = Date.now();
+          connection.turn = connection.lastHeard = Date.now();
         });
       };
       if (stream.endAfterHeaders || stream.readableEnded) called();
@@ -179,35 +275,47 @@ export class ConnectionTable {
     });
   }
 
-  /** Closes the longest-quiet connection that carries no call; false when there is none. */
+  /** Counts event-loop turns (#generation) until the count reaches `until`, at least. */
+  #countTurns(until: number): void {
+    this.#countUntil = Math.max(this.#countUntil, until);
+    if (this.#counting) return;
+    this.#counting = true;
+    const turn = (): void => {
+      this.#generation++;
+      if (this.#generation < this.#countUntil) setImmediate(turn);
+      else this.#counting = false;
+    };
+    setImmediate(turn);
+  }
+
+  /** Closes the connection first in the eviction order (see the class); false when none may go. */
   #evictOne(now: number): boolean {
     let victim: Connection | undefined;
+    let victimRank = 0;
     for (const connection of this.#connections) {
-      if (connection.calls > 0) continue;
-      if (victim === undefined || connection.lastActive < victim.lastActive) victim = connection;
+      const rank = connection.rank(now, this.#generation);
+      if (rank === undefined) continue;
+      if (victim === undefined || rank < victimRank || (rank === victimRank && connection.turn < victim.turn)) {
+        victim = connection;
+        victimRank = rank;
+      }
     }
     if (victim === undefined) return false;
     this.#endFor(victim, 'evicted for a new connection', now);
     return true;
   }
 
-  /** The sweep: handshake deadlines, and PINGs to quiet connections that carry no call. */
+  /** The sweep: handshake deadlines, and PINGs checking that node still serves quiet connections. */
   #check(): void {
     const now = Date.now();
     for (const connection of this.#connections) {
-      const read = connection.socket.bytesRead;
-      if (read !== connection.bytesSeen) {
-        connection.bytesSeen = read;
-        connection.lastActive = now;
-        connection.pingSentAt = 0;
-      }
-      if (!connection.handshaken) {
+      if (connection.handedOverAt === 0) {
         if (now - connection.acceptedAt >= HANDSHAKE_MS) this.#endFor(connection, 'no handshake in time', now);
-      } else if (connection.calls > 0) {
-        // grpc-js's keepalive watches connections that carry calls.
       } else if (connection.pingSentAt !== 0) {
-        if (now - connection.pingSentAt >= CONNECTION_PING_TIMEOUT_MS) this.#endFor(connection, 'no answer to PING', now);
-      } else if (now - connection.lastActive >= CONNECTION_PING_MS) {
+        if (now - connection.pingSentAt >= CONNECTION_PING_TIMEOUT_MS && this.#pingStuck(connection)) {
+          this.#endFor(connection, 'ended by node, peer unheard', now);
+        }
+      } else if (connection.calls === 0 && now - connection.lastHeard >= CONNECTION_PING_MS) {
         this.#ping(connection, now);
       }
     }
@@ -218,9 +326,26 @@ export class ConnectionTable {
     const session = connection.session;
     if (session === undefined || session.destroyed) return;
     connection.pingSentAt = now;
-    // The answer is seen as bytes read; a session that ends first reports an error here,
-    // and its socket's close removes the connection.
-    session.ping(() => undefined);
+    // The answer may take as long as the client likes; a session that ends first reports an
+    // error here, and its socket's close removes the connection.
+    session.ping((err) => {
+      if (err !== null) return;
+      connection.pingSentAt = 0;
+      connection.lastHeard = Date.now();
+    });
+  }
+
+  /**
+   * Whether the PING is still in node's queue with nothing in the way: node has ended the
+   * session and sends nothing more. (Output waiting for a peer that does not read holds the
+   * PING back too; that is the peer's doing, left to keepalive.)
+   */
+  #pingStuck(connection: Connection): boolean {
+    const session = connection.session;
+    if (session === undefined || session.destroyed) return false;
+    const handle = (connection.socket as unknown as { _handle?: { writeQueueSize?: unknown } | null })._handle;
+    const unwritten = typeof handle?.writeQueueSize === 'number' ? handle.writeQueueSize : 0;
+    return (session.state.outboundQueueSize ?? 0) > 0 && unwritten === 0;
   }
 
   #endFor(connection: Connection, reason: EndReason, now: number): void {

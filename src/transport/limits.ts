@@ -87,8 +87,8 @@ export const KEEPALIVE_TIMEOUT_MS = 10_000;
  * sandboxes need descriptors too (supervisor pipes, pidfds, record files), and a Start that
  * meets EMFILE fails. So the bound is at most a quarter of the descriptor limit, and 256 at
  * most: containerd uses one connection, operators' tools a few more. A connection past the
- * bound is not refused: it takes the place of the longest-idle connection that carries no
- * call, so that a peer holding slots cannot lock containerd out.
+ * bound is not refused: it takes the place of a connection that carries no call (the
+ * order is in connections.ts), so that a peer holding slots cannot lock containerd out.
  */
 export function maxConnections(limit = openFilesLimit()): number {
   return Math.max(16, Math.min(256, Math.floor(limit / 4)));
@@ -104,23 +104,35 @@ export function maxConnections(limit = openFilesLimit()): number {
 export const LISTEN_BACKLOG = 4096;
 
 /**
- * Time a new connection has to complete the HTTP/2 handshake (the preface and its SETTINGS).
- * containerd's grpc-go sends both in its first write; a connection that has not is a broken
- * or hostile peer holding a slot and a descriptor.
+ * Time a new connection has to complete the HTTP/2 handshake (the preface and its first
+ * SETTINGS frame). containerd's grpc-go sends both in its first write; a connection that has
+ * not is a broken or hostile peer holding a slot and a descriptor (only that: until then the
+ * connection table reads it itself, no HTTP/2 session exists for it).
  */
 export const HANDSHAKE_MS = 5000;
 
 /**
- * A connection that carries no call and has sent nothing for CONNECTION_PING_MS is sent a
- * PING; one that sends nothing back within CONNECTION_PING_TIMEOUT_MS is closed. This is
- * what frees a connection whose peer left unseen: node stops reading a connection it ended
- * with a protocol error (a frame longer than allowed, a DATA frame on an idle stream), so
- * the peer's close never reaches it. Every HTTP/2 client answers a PING at once; one PING a
- * second on an idle unix socket costs nothing. Connections that carry calls are left to
- * grpc-js's keepalive (KEEPALIVE_TIME_MS).
+ * A connection that carries no call and has been quiet for CONNECTION_PING_MS is sent a PING;
+ * one whose PING node has not even sent within CONNECTION_PING_TIMEOUT_MS is closed. This is
+ * what frees a connection whose peer left unseen: node ends a connection on a protocol error
+ * (a frame longer than allowed, a DATA frame on an idle stream) with a GOAWAY, then sends and
+ * reads nothing more, so the peer's close never reaches it; its PING stays queued. A PING that
+ * went out and waits for its answer is never a reason to close: a client whose event loop is
+ * busy for seconds (a large message to encode, a GC pause) answers late, and closing its
+ * connection would refuse the call it is sending (grpc-js cannot retry a large one elsewhere).
+ * Such a connection is left to grpc-js's keepalive (KEEPALIVE_TIME_MS). One PING a second on
+ * a quiet unix socket costs nothing.
  */
 export const CONNECTION_PING_MS = 1000;
 export const CONNECTION_PING_TIMEOUT_MS = 1000;
+
+/**
+ * When the table is full, a connection that completed its handshake or ended a call less than
+ * this ago is evicted only after every other connection without a call: a client sends its
+ * call right after its handshake (containerd in the same write), and the next one soon after
+ * the last, and must get to make it while a flood of new connections takes the slots.
+ */
+export const NEW_CLIENT_GRACE_MS = 1000;
 
 /** How often the connection table checks its deadlines: a tenth of the shortest one. */
 export const CONNECTION_SWEEP_MS = 100;

@@ -401,11 +401,11 @@ describe('hostile peers on the socket', () => {
   // ---------------------------------------------------------------------------------------
   // Connections that take a slot and never become a client: containerd must still get in.
 
-  /** Opens `count` raw connections, at most CONNECT_BATCH at a time, each then sent `first(i)`. */
-  async function openMany(path: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawConnection[]> {
+  /** Opens `count` raw connections, at most `inFlight` at a time, each then sent `first(i)`. */
+  async function openMany(path: string, count: number, first: (i: number) => Buffer | undefined, inFlight = CONNECT_BATCH): Promise<RawConnection[]> {
     const conns: RawConnection[] = [];
-    for (let start = 0; start < count; start += CONNECT_BATCH) {
-      const batch = Array.from({ length: Math.min(CONNECT_BATCH, count - start) }, async (_, k) => {
+    for (let start = 0; start < count; start += inFlight) {
+      const batch = Array.from({ length: Math.min(inFlight, count - start) }, async (_, k) => {
         const conn = await RawConnection.connect(path, { keepFrames: false });
         const bytes = first(start + k);
         if (bytes !== undefined) void conn.write(bytes);
@@ -510,12 +510,23 @@ describe('hostile peers on the socket', () => {
     };
 
   const HANDSHAKE = Buffer.concat([PREFACE, settingsFrame(), frame(FrameType.SETTINGS, Flag.ACK, 0)]);
+  /**
+   * A Status request's headers, then the first half of a 16 KiB DATA frame (the largest the
+   * server allows) carrying the start of a 16 KiB message: a request that never arrives whole.
+   */
+  const HALF_A_LARGE_FRAME = Buffer.concat([
+    frame(FrameType.HEADERS, Flag.END_HEADERS, 1, requestBlock(`${CONTROLLER}/Status`, NS)),
+    frame(FrameType.DATA, 0, 1, grpcMessage(Buffer.alloc(8192 - 5), 16_384 - 5), 16_384),
+  ]);
 
   test('2 000 connections idle after the HTTP/2 handshake', () => connectionAttack('idle after handshake', holdAndProbe(() => HANDSHAKE)));
 
   test('2 000 connections that send nothing', () => connectionAttack('silent', holdAndProbe(() => undefined)));
 
   test('2 000 connections that send half the preface', () => connectionAttack('half preface', holdAndProbe(() => PREFACE.subarray(0, 12))));
+
+  test('2 000 connections that send half a large frame', () =>
+    connectionAttack('half a large frame', holdAndProbe(() => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]))));
 
   test('2 000 connections that announce a DATA frame longer than what follows, then close', () =>
     connectionAttack('short DATA frame, closed', async (path, probe) => {

@@ -11,7 +11,7 @@ import { Metrics as CgroupV2Metrics } from '../../src/gen/cgroups/v2/metrics.js'
 import type { ControllerWaitResponse } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
 import { cgroupNode, sandboxCgroupDirs, uniqueNamespace } from '../support/host.js';
 import { type TsboxDaemon, startTsbox } from '../support/tsbox-daemon.js';
-import { GrpcStatus, codeName, expectCode, isServiceError, timestampMs } from '../support/grpc-client.js';
+import { GrpcStatus, SandboxClient, codeName, expectCode, isServiceError, timestampMs } from '../support/grpc-client.js';
 import {
   GO_ZERO_TIME,
   OCI_SPEC_TYPE,
@@ -351,5 +351,28 @@ describe('Sandbox Controller RPCs through the socket', () => {
       assert.equal(created.sandboxId, id);
       assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_UNKNOWN');
       await client.shutdown({ sandboxId: id });
+    }));
+
+  test('a client whose event loop stalls for 3 s after a call keeps its connection: its next Create of 12 MiB is answered', () =>
+    withLog(daemon, async () => {
+      // A connection of its own, so that only this client's calls are on it.
+      const client = new SandboxClient(d().socketPath, ns, { ownConnection: true });
+      const id = 'stalled-client';
+      d().track(ns, id);
+      try {
+        await expectCode(client.status({ sandboxId: id }), GrpcStatus.NOT_FOUND);
+        // The client is busy for 3 s (a long computation, a GC pause): it reads nothing, answers
+        // no PING. Then it sends a request too large for grpc-js to retry on another connection.
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 3000);
+        const big = 'x'.repeat(12 * 1024 * 1024);
+        const created = await client.create(
+          { sandboxId: id, annotations: { big }, sandbox: { sandboxId: id, runtime: { name: 'io.containerd.tsbox.v1' } } },
+          { timeoutMs: 60_000 },
+        );
+        assert.equal(created.sandboxId, id);
+        await client.shutdown({ sandboxId: id });
+      } finally {
+        client.close();
+      }
     }));
 });
