@@ -32,6 +32,7 @@ import {
   settingsFrame,
   windowUpdateFrame,
 } from '../support/h2-frames.js';
+import { openMany } from '../support/raw-socket.js';
 import { noopTsbox } from '../support/noop-daemon.js';
 import { fdCount, rssMiB, sampler } from '../support/resources.js';
 import { type SandboxerDaemon, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
@@ -402,21 +403,8 @@ describe('hostile peers on the socket', () => {
   // Connections that take a slot and never become a client: containerd must still get in.
 
   /** Opens `count` raw connections, at most `inFlight` at a time, each then sent `first(i)`. */
-  async function openMany(path: string, count: number, first: (i: number) => Buffer | undefined, inFlight = CONNECT_BATCH): Promise<RawConnection[]> {
-    const conns: RawConnection[] = [];
-    for (let start = 0; start < count; start += inFlight) {
-      const batch = Array.from({ length: Math.min(inFlight, count - start) }, async (_, k) => {
-        const conn = await RawConnection.connect(path, { keepFrames: false });
-        const bytes = first(start + k);
-        if (bytes !== undefined) void conn.write(bytes);
-        return conn;
-      });
-      for (const result of await Promise.allSettled(batch)) {
-        // A connection refused at connect is one the attacker does not hold.
-        if (result.status === 'fulfilled') conns.push(result.value);
-      }
-    }
-    return conns;
+  function openRaw(path: string, count: number, first: (i: number) => Buffer | undefined, inFlight = CONNECT_BATCH): Promise<RawConnection[]> {
+    return openMany(() => RawConnection.connect(path, { keepFrames: false }), count, first, inFlight);
   }
 
   /**
@@ -501,7 +489,7 @@ describe('hostile peers on the socket', () => {
   const holdAndProbe =
     (first: (i: number) => Buffer | undefined) =>
     async (path: string, probe: () => Promise<void>): Promise<void> => {
-      const conns = await openMany(path, HELD_CONNECTIONS, first);
+      const conns = await openRaw(path, HELD_CONNECTIONS, first);
       try {
         for (let n = 0; n < 3; n++) await probe();
       } finally {
@@ -530,7 +518,7 @@ describe('hostile peers on the socket', () => {
 
   test('2 000 connections that announce a DATA frame longer than what follows, then close', () =>
     connectionAttack('short DATA frame, closed', async (path, probe) => {
-      const conns = await openMany(path, HELD_CONNECTIONS, () =>
+      const conns = await openRaw(path, HELD_CONNECTIONS, () =>
         Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
       );
       for (const conn of conns) conn.destroy();

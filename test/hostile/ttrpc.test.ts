@@ -18,6 +18,7 @@ import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
 import { RawTtrpc, TEST_SERVICE, requestFrame } from '../support/ttrpc-peer.js';
+import { openMany } from '../support/raw-socket.js';
 
 /** The server's RSS bound during every attack; idle it is about 60 MiB. */
 const RSS_BOUND_MIB = 256;
@@ -40,22 +41,9 @@ function header(length: number, streamId: number, type: number = FrameType.Reque
   return bytes;
 }
 
-/** Opens `count` raw connections, CONNECT_BATCH at a time, each sent `first(i)` if any. */
-async function openMany(socketPath: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawTtrpc[]> {
-  const conns: RawTtrpc[] = [];
-  for (let start = 0; start < count; start += CONNECT_BATCH) {
-    const batch = Array.from({ length: Math.min(CONNECT_BATCH, count - start) }, async (_, k) => {
-      const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
-      const bytes = first(start + k);
-      if (bytes !== undefined) void conn.write(bytes);
-      return conn;
-    });
-    for (const result of await Promise.allSettled(batch)) {
-      // A connection refused at connect is one the attacker does not hold.
-      if (result.status === 'fulfilled') conns.push(result.value);
-    }
-  }
-  return conns;
+/** Opens `count` raw ttrpc connections, CONNECT_BATCH at a time, each sent `first(i)` if any. */
+function openTtrpc(socketPath: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawTtrpc[]> {
+  return openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), count, first, CONNECT_BATCH);
 }
 
 describe('hostile peers on a ttrpc socket', () => {
@@ -134,7 +122,7 @@ describe('hostile peers on a ttrpc socket', () => {
     attack('garbage', async () => {
       const garbage = Buffer.alloc(64 * 1024);
       for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 7919 + 13) & 0xff;
-      const conns = await openMany(socketPath, 50, () => garbage);
+      const conns = await openTtrpc(socketPath, 50, () => garbage);
       try {
         // Closed by the frame-arrival deadline (10 s) at the latest.
         const closed = await Promise.all(conns.map((c) => c.closedWithin(15_000)));
@@ -160,7 +148,7 @@ describe('hostile peers on a ttrpc socket', () => {
         assert.ok(await conn.until(() => conn.response(3) !== undefined, 5000), 'no answer after the oversized frame');
         assert.equal(conn.response(3)?.payload.toString(), 'after');
         // 64 connections announcing 4 GiB each and sending 256 KiB of it.
-        const big = await openMany(socketPath, 64, (i) => Buffer.concat([header(0xffffffff, 2 * i + 1), Buffer.alloc(256 * 1024)]));
+        const big = await openTtrpc(socketPath, 64, (i) => Buffer.concat([header(0xffffffff, 2 * i + 1), Buffer.alloc(256 * 1024)]));
         await probe();
         for (const c of big) c.destroy();
       } finally {
@@ -195,7 +183,7 @@ describe('hostile peers on a ttrpc socket', () => {
 
   test('1 000 connections each leaving half of a 1 MiB frame unsent', () =>
     attack('half-sent frames', async () => {
-      const conns = await openMany(socketPath, 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]));
+      const conns = await openTtrpc(socketPath, 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]));
       try {
         for (let n = 0; n < 3; n++) await probe();
         const open = conns.filter((c) => !c.closed).length;
@@ -207,7 +195,7 @@ describe('hostile peers on a ttrpc socket', () => {
 
   test('3 000 idle connections', () =>
     attack('idle connections', async () => {
-      const conns = await openMany(socketPath, 3000, () => undefined);
+      const conns = await openTtrpc(socketPath, 3000, () => undefined);
       try {
         for (let n = 0; n < 3; n++) await probe();
         const open = conns.filter((c) => !c.closed).length;

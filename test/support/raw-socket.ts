@@ -107,3 +107,29 @@ export class RawSocket {
     this.socket.destroy();
   }
 }
+
+/**
+ * Opens `count` connections with `connect`, at most `inFlight` at a time, and sends each
+ * `first(i)` when it gives bytes. A connection refused at connect is one the peer does not
+ * hold: it is left out of the result.
+ */
+export async function openMany<T extends RawSocket>(
+  connect: () => Promise<T>,
+  count: number,
+  first: (i: number) => Buffer | undefined,
+  inFlight: number,
+): Promise<T[]> {
+  const conns: T[] = [];
+  for (let start = 0; start < count; start += inFlight) {
+    const batch = Array.from({ length: Math.min(inFlight, count - start) }, async (_, k) => {
+      const conn = await connect();
+      const bytes = first(start + k);
+      if (bytes !== undefined) void conn.write(bytes);
+      return conn;
+    });
+    for (const result of await Promise.allSettled(batch)) {
+      if (result.status === 'fulfilled') conns.push(result.value);
+    }
+  }
+  return conns;
+}
