@@ -7,10 +7,12 @@
 # most three did: containerd 2.1 has races on the version-2 route that a run hits now and then.
 # The runc shim of a tsbox pod ends with the pod's last container (containerd shuts a v2 shim
 # down after each task's delete; a podsandbox pod's shim lives on with its pause container),
-# so a StopPodSandbox that comes while containerd is still handling a container's exit sends
-# its Kill to a shim that is gone and fails with "ttrpc: closed" ("failed to stop container";
-# "HostNetwork is true", whose container exits at once, hits it most on a slow node). Only a
-# spec that fails on every rerun counts; the output says which specs were rerun and how.
+# so a StopPodSandbox that comes while containerd is still handling a container's exit either
+# sends its Kill to a shim that is gone ("failed to stop container") or finds no task, takes
+# the container as stopped, and the RemovePodSandbox after it cannot remove a container whose
+# status still says running. "HostNetwork is true", whose container exits at once, hits it on
+# a slow node (README, "The two test nodes"). Only a spec that fails on every rerun counts;
+# the output says which specs were rerun and how.
 #
 #   scripts/critest.sh            both runs and the comparison; podsandbox's results are kept
 #                                 in .cache/critest-podsandbox.json for --reference
