@@ -1,15 +1,17 @@
 import type http2 from 'node:http2';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { CONNECTION_PING_MS, CONNECTION_PING_TIMEOUT_MS, CONNECTION_SWEEP_MS, HANDSHAKE_MS, NEW_CLIENT_GRACE_MS } from './limits.js';
+import { CONNECTION_PING_MS, CONNECTION_PING_TIMEOUT_MS, CONNECTION_SWEEP_MS, FIRST_BYTES_MS, HANDSHAKE_MS, NEW_CLIENT_GRACE_MS } from './limits.js';
 
 /** Why the table ended a connection (the log line counts each). */
 type EndReason =
   | 'no handshake in time'
   | 'not HTTP/2'
   | 'ended by node, peer unheard'
+  | 'closed by node, no call left'
   | 'evicted for a new connection'
-  | 'refused: every other connection carries a call or is not read yet';
+  | 'turned away: every other connection carries a call or is a new client'
+  | 'refused: too many connections arriving at once';
 
 /** The client's connection preface (RFC 9113 section 3.4). */
 const PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
@@ -52,8 +54,14 @@ export function handshakeProgress(head: Buffer): HandshakeProgress {
 class Connection {
   /** The HTTP/2 session node made for it once its handshake came (when it was handed over). */
   session: http2.ServerHttp2Session | undefined;
-  /** When it was handed to grpc-js (its preface and first SETTINGS came); 0 until then. */
+  /** When its preface and first SETTINGS frame had come; 0 until then. */
+  handshakenAt = 0;
+  /** When it was handed to grpc-js (one turn after its handshake came); 0 until then. */
   handedOverAt = 0;
+  /** It has had its first chance to be read, and holds a place in the table (see ConnectionTable). */
+  seated = false;
+  /** It was due a place but had sent nothing yet, and waits for its first bytes (see ConnectionTable). */
+  waiting = false;
   /** Calls in flight on it: open streams whose request has arrived whole. */
   calls = 0;
   /** It has carried a whole call: a client, not just a connection. */
@@ -79,23 +87,24 @@ class Connection {
   }
 
   /**
-   * Eviction rank, lowest first (`generation` is the table's now, see ConnectionTable):
+   * Eviction rank, lowest first:
    * 0. it sent bytes, but not a whole handshake;
    * 1. handshaken, and neither handshaken nor ended a call within NEW_CLIENT_GRACE_MS;
    * 2. it sent nothing yet (a client whose process is busy looks like this for a while);
    * 3. a client within its grace: handshaken, or ended a call, less than NEW_CLIENT_GRACE_MS ago.
-   * None for one with a call in flight, or one whose bytes have not been read once yet.
+   * None for one with a call in flight.
    */
-  rank(now: number, generation: number): number | undefined {
-    if (this.calls > 0 || generation < this.acceptedGeneration + 2) return undefined;
-    if (this.handedOverAt === 0) return this.socket.bytesRead > 0 ? 0 : 2;
-    return now - Math.max(this.handedOverAt, this.turn) < NEW_CLIENT_GRACE_MS ? 3 : 1;
+  rank(now: number): number | undefined {
+    if (this.calls > 0) return undefined;
+    if (this.handshakenAt === 0) return this.socket.bytesRead > 0 ? 0 : 2;
+    return now - Math.max(this.handshakenAt, this.turn) < NEW_CLIENT_GRACE_MS ? 3 : 1;
   }
 
   /** What the log says of it. */
   describe(now: number): Record<string, unknown> {
     return {
-      handshaken: this.handedOverAt !== 0,
+      seated: this.seated,
+      handshaken: this.handshakenAt !== 0,
       called: this.called,
       ageMs: now - this.acceptedAt,
       turnMs: now - this.turn,
@@ -119,21 +128,40 @@ class Connection {
  *   PING: one node cannot even send within CONNECTION_PING_TIMEOUT_MS is one node has ended,
  *   and it is closed. A PING that went out and is not answered proves nothing (the client may
  *   be busy, or paused for GC): that connection is left to grpc-js's keepalive, like any other;
- * - when the table is full, a new connection takes the place of one that carries no call,
- *   first by its rank (Connection.rank: a partial handshake first, a new client in its grace
- *   last), then by the oldest turn (accepted, or ended its last call, longest ago): bytes that
- *   are no call do not make a connection younger. A connection with a call in flight
- *   (containerd's, holding its Waits) is never the one closed, nor one accepted in the same
- *   event-loop turn whose bytes have not been read yet; when no other may go, the new one is
- *   refused.
+ * - node also closes sessions itself (a frame it could not send, a GOAWAY from the peer): it
+ *   has sent its GOAWAY, takes no new call, cancels a PING at once, and waits for the streams
+ *   left, which may never end when the peer is gone and unheard. Such a connection is closed
+ *   once it carries no call and has been quiet for CONNECTION_PING_MS;
+ * - a connection is judged only once it has had its chance to be read: nothing is known of it
+ *   until a later event-loop turn has read what it sent (libuv accepts one connection a turn
+ *   today, older versions all the kernel had queued, thousands in a flood). So a connection
+ *   first *arrives*: it holds no place and cannot be evicted, and arriving ones are bounded
+ *   apart (`maxArriving`, the depth of the kernel's queue), past which a new one is refused as
+ *   the kernel would. Two turns after its accept (see #generation) it is *seated*: those that
+ *   closed or sent something else are gone by then, and the rest take a place;
+ * - the table holds `limit` seated connections. When one is seated over the limit, the one that
+ *   goes is the lowest by rank (Connection.rank: a partial handshake first, a new client in its
+ *   grace last), the new one included, then the oldest turn (accepted, or ended its last call,
+ *   longest ago): bytes that are no call do not make a connection younger. A connection with a
+ *   call in flight (containerd's, holding its Waits) is never the one closed. A new one that has
+ *   sent nothing yet and would be the one to go is not judged yet: it waits, without a place,
+ *   for its first bytes, up to FIRST_BYTES_MS after its accept (a client's handshake may come
+ *   a moment after its connect). So a client that sends its handshake at once is turned away
+ *   only when every other seated connection carries a call or is a newer client in its grace.
  * Per connection the table keeps a few numbers, and the first bytes until the handshake.
  */
 export class ConnectionTable {
   readonly #limit: number;
+  readonly #maxArriving: number;
   readonly #log: Logger;
   readonly #inject: (socket: Socket) => void;
-  /** In order of acceptance. */
+  /** Every connection open, arriving or seated, in order of acceptance. */
   readonly #connections = new Set<Connection>();
+  /** The seated ones: those the limit counts and eviction chooses from. */
+  readonly #seated = new Set<Connection>();
+  /** The arriving ones in order of acceptance, from #arrivalsHead on (closed ones are skipped when seating). */
+  #arrivals: Connection[] = [];
+  #arrivalsHead = 0;
   /** The connection being injected: node makes its session synchronously, in the injection. */
   #arriving: Connection | undefined;
   readonly #ended = new Map<EndReason, number>();
@@ -143,9 +171,7 @@ export class ConnectionTable {
   /**
    * Event-loop turns counted while connections arrive: a connection accepted in generation g
    * has had its bytes read (if it sent any) once the count reaches g + 2 (accepted in one
-   * poll phase, its first read in the next, the count moves on after each). Until then it has
-   * not had its chance to show a handshake, and is not evicted: a burst of connections larger
-   * than the table, all accepted in one turn, must not push out the client among them.
+   * poll phase, its first read in the next, the count moves on after each). Then it is seated.
    */
   #generation = 0;
   #countUntil = 0;
@@ -153,10 +179,12 @@ export class ConnectionTable {
 
   /**
    * `http2Server` is the server behind `inject` (grpc-js's connection injector): the table
-   * learns each connection's session from it.
+   * learns each connection's session from it. `limit` bounds the seated connections,
+   * `maxArriving` the ones accepted and not read yet.
    */
-  constructor(options: { http2Server: http2.Http2Server; inject: (socket: Socket) => void; limit: number; log: Logger }) {
+  constructor(options: { http2Server: http2.Http2Server; inject: (socket: Socket) => void; limit: number; maxArriving: number; log: Logger }) {
     this.#limit = options.limit;
+    this.#maxArriving = options.maxArriving;
     this.#log = options.log;
     this.#inject = options.inject;
     options.http2Server.on('session', (session: http2.ServerHttp2Session) => this.#attach(session));
@@ -164,27 +192,31 @@ export class ConnectionTable {
     this.#sweep.unref();
   }
 
-  /** Connections open now. */
+  /** Connections open now, arriving or seated. */
   get size(): number {
     return this.#connections.size;
   }
 
-  /** Takes a connection the listening socket accepted, making room for it if the table is full. */
+  /** Takes a connection the listening socket accepted (see the class for how it finds a place). */
   accept(socket: Socket): void {
     const now = Date.now();
     if (this.#closed) {
       socket.destroy();
       return;
     }
-    if (this.#connections.size >= this.#limit && !this.#evictOne(now)) {
+    if (this.#connections.size - this.#seated.size >= this.#maxArriving) {
       socket.destroy();
-      this.#count('refused: every other connection carries a call or is not read yet', now);
+      this.#count('refused: too many connections arriving at once', now);
       return;
     }
     const connection = new Connection(socket, now, this.#generation);
-    this.#countTurns(this.#generation + 2);
     this.#connections.add(connection);
-    socket.once('close', () => this.#connections.delete(connection));
+    this.#arrivals.push(connection);
+    this.#countTurns(this.#generation + 2);
+    socket.once('close', () => {
+      this.#connections.delete(connection);
+      this.#seated.delete(connection);
+    });
     socket.once('end', () => socket.destroy());
     // A reset ends in 'close' like anything else; the session adds its own handling later.
     socket.on('error', () => undefined);
@@ -212,6 +244,7 @@ export class ConnectionTable {
           // socket hands node what it holds but not an end it has already read, so an end read
           // here must close it here.
           if (progress === 'complete') {
+            connection.handshakenAt = Date.now();
             setImmediate(() => {
               socket.off('readable', onReadable);
               this.#handOver(connection, head);
@@ -222,6 +255,8 @@ export class ConnectionTable {
       if (progress === 'not HTTP/2') {
         socket.off('readable', onReadable);
         this.#endFor(connection, 'not HTTP/2', Date.now());
+      } else if (connection.waiting && head.length > 0) {
+        this.#seat(connection, Date.now());
       }
     };
     socket.on('readable', onReadable);
@@ -275,42 +310,82 @@ export class ConnectionTable {
     });
   }
 
-  /** Counts event-loop turns (#generation) until the count reaches `until`, at least. */
+  /** Counts event-loop turns (#generation) until the count reaches `until`, at least, seating arrivals as it goes. */
   #countTurns(until: number): void {
     this.#countUntil = Math.max(this.#countUntil, until);
     if (this.#counting) return;
     this.#counting = true;
     const turn = (): void => {
       this.#generation++;
+      this.#seatArrivals();
       if (this.#generation < this.#countUntil) setImmediate(turn);
       else this.#counting = false;
     };
     setImmediate(turn);
   }
 
-  /** Closes the connection first in the eviction order (see the class); false when none may go. */
-  #evictOne(now: number): boolean {
-    let victim: Connection | undefined;
-    let victimRank = 0;
-    for (const connection of this.#connections) {
-      const rank = connection.rank(now, this.#generation);
-      if (rank === undefined) continue;
-      if (victim === undefined || rank < victimRank || (rank === victimRank && connection.turn < victim.turn)) {
-        victim = connection;
-        victimRank = rank;
-      }
+  /** Seats the arrivals that have had their first read (see the class), making room as it goes. */
+  #seatArrivals(): void {
+    const arrivals = this.#arrivals;
+    const now = Date.now();
+    let at = this.#arrivalsHead;
+    for (let connection: Connection | undefined; (connection = arrivals[at]) !== undefined && connection.acceptedGeneration + 2 <= this.#generation; at++) {
+      if (this.#connections.has(connection)) this.#seat(connection, now);
     }
-    if (victim === undefined) return false;
-    this.#endFor(victim, 'evicted for a new connection', now);
-    return true;
+    if (at === arrivals.length) {
+      this.#arrivals = [];
+      this.#arrivalsHead = 0;
+    } else {
+      this.#arrivalsHead = at;
+    }
+  }
+
+  /**
+   * Gives the connection its place, making room when the table is over its limit. One that has
+   * sent nothing yet and would be the one to go waits instead, for its first bytes or until
+   * FIRST_BYTES_MS after its accept: a client's handshake may be a moment behind its connect.
+   */
+  #seat(connection: Connection, now: number): void {
+    connection.waiting = false;
+    connection.seated = true;
+    this.#seated.add(connection);
+    if (this.#seated.size <= this.#limit) return;
+    const victim = this.#victim(connection, now);
+    if (victim === connection && connection.socket.bytesRead === 0 && now - connection.acceptedAt < FIRST_BYTES_MS) {
+      connection.seated = false;
+      connection.waiting = true;
+      this.#seated.delete(connection);
+      return;
+    }
+    this.#endFor(victim, victim === connection ? 'turned away: every other connection carries a call or is a new client' : 'evicted for a new connection', now);
+  }
+
+  /**
+   * The seated connection first in the eviction order (see the class), `seating` (the
+   * one just seated, which never carries a call yet) included.
+   */
+  #victim(seating: Connection, now: number): Connection {
+    let victim = seating;
+    let victimRank = seating.rank(now) ?? Number.POSITIVE_INFINITY;
+    for (const connection of this.#seated) {
+      const rank = connection.rank(now);
+      if (rank === undefined || rank > victimRank || (rank === victimRank && connection.turn >= victim.turn)) continue;
+      victim = connection;
+      victimRank = rank;
+    }
+    return victim;
   }
 
   /** The sweep: handshake deadlines, and PINGs checking that node still serves quiet connections. */
   #check(): void {
     const now = Date.now();
     for (const connection of this.#connections) {
-      if (connection.handedOverAt === 0) {
+      if (connection.waiting) {
+        if (now - connection.acceptedAt >= FIRST_BYTES_MS) this.#seat(connection, now);
+      } else if (connection.handedOverAt === 0) {
         if (now - connection.acceptedAt >= HANDSHAKE_MS) this.#endFor(connection, 'no handshake in time', now);
+      } else if (connection.session?.closed === true) {
+        if (connection.calls === 0 && now - connection.lastHeard >= CONNECTION_PING_MS) this.#endFor(connection, 'closed by node, no call left', now);
       } else if (connection.pingSentAt !== 0) {
         if (now - connection.pingSentAt >= CONNECTION_PING_TIMEOUT_MS && this.#pingStuck(connection)) {
           this.#endFor(connection, 'ended by node, peer unheard', now);
@@ -326,8 +401,9 @@ export class ConnectionTable {
     const session = connection.session;
     if (session === undefined || session.destroyed) return;
     connection.pingSentAt = now;
-    // The answer may take as long as the client likes; a session that ends first reports an
-    // error here, and its socket's close removes the connection.
+    // The answer may take as long as the client likes. A session that ends first reports an
+    // error here, and its socket's close removes the connection; one that node is closing
+    // cancels the PING at once, and the sweep sees to it (#check).
     session.ping((err) => {
       if (err !== null) return;
       connection.pingSentAt = 0;
@@ -356,6 +432,7 @@ export class ConnectionTable {
 
   #end(connection: Connection): void {
     this.#connections.delete(connection);
+    this.#seated.delete(connection);
     connection.session?.destroy();
     connection.socket.destroy();
   }

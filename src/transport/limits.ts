@@ -95,6 +95,19 @@ export function maxConnections(limit = openFilesLimit()): number {
 }
 
 /**
+ * Connections accepted and not read yet, beside the maxConnections the table holds
+ * (connections.ts). A connection can only be judged once a later event-loop turn has read it:
+ * until then, closing it to make room for another could close containerd's new connection.
+ * libuv accepts one connection a turn today (older versions took all the kernel had queued,
+ * up to LISTEN_BACKLOG, in one turn), so they are held apart, as many as the kernel queue
+ * holds and within the same quarter of the descriptor limit as the table; past that a new one
+ * is refused, as the kernel refuses a connection past its queue. Each waits a turn or two.
+ */
+export function maxArrivingConnections(limit = openFilesLimit()): number {
+  return Math.max(16, Math.min(LISTEN_BACKLOG, Math.floor(limit / 4)));
+}
+
+/**
  * Connections the kernel queues for accept on the listening socket (the kernel caps it at
  * net.core.somaxconn, 4096 on current kernels). Past it, a client's connect fails at once
  * (EAGAIN on a unix socket) and grpc-go reports UNAVAILABLE. node's default, 511, fills while
@@ -134,7 +147,15 @@ export const CONNECTION_PING_TIMEOUT_MS = 1000;
  */
 export const NEW_CLIENT_GRACE_MS = 1000;
 
-/** How often the connection table checks its deadlines: a tenth of the shortest one. */
+/**
+ * When the table is full of connections that rank above one that has sent nothing yet (clients
+ * in their grace, calls), that one waits this long after its accept for its first bytes before
+ * it is turned away: a client connects, then writes its handshake, and a busy machine may put
+ * a few scheduling delays in between. Waiting costs a descriptor, within maxArrivingConnections.
+ */
+export const FIRST_BYTES_MS = 250;
+
+/** How often the connection table checks its deadlines: within half the shortest one. */
 export const CONNECTION_SWEEP_MS = 100;
 
 /** The soft RLIMIT_NOFILE of this process (node has no getrlimit); 1024 when unreadable. */

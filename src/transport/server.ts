@@ -7,7 +7,7 @@ import { TsboxError, messageOf } from '../errors.js';
 import { admitStreams, injectorHttp2Server } from './admission.js';
 import { ConnectionTable } from './connections.js';
 import { addControllerService } from './controller-service.js';
-import { GRPC_SERVER_OPTIONS, LISTEN_BACKLOG, maxConnections } from './limits.js';
+import { GRPC_SERVER_OPTIONS, LISTEN_BACKLOG, maxArrivingConnections, maxConnections } from './limits.js';
 import { claimSocket, prepareSocketPath } from './socket.js';
 
 export { MAX_MESSAGE_BYTES } from './limits.js';
@@ -65,6 +65,7 @@ export function createServer(options: ServerOptions): TsboxServer {
     http2Server,
     inject: (connection) => injector.injectConnection(connection),
     limit: connectionLimit,
+    maxArriving: maxArrivingConnections(),
     log,
   });
   const listener: NetServer = createNetServer((connection) => connections.accept(connection));

@@ -12,7 +12,7 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { Client, credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import { ControllerStatusRequest } from '../../src/gen/containerd/services/sandbox/v1/sandbox.js';
-import { SandboxClient, codeName, expectCode } from '../support/grpc-client.js';
+import { SandboxClient, expectCode } from '../support/grpc-client.js';
 import {
   CONTROLLER,
   Flag,
@@ -35,6 +35,7 @@ import {
 import { openMany } from '../support/raw-socket.js';
 import { noopTsbox } from '../support/noop-daemon.js';
 import { fdCount, rssMiB, sampler } from '../support/resources.js';
+import { type StatusProber, startStatusProber } from '../support/status-prober.js';
 import { type SandboxerDaemon, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
 
 /**
@@ -52,6 +53,9 @@ const CONNECTION_BOUND = 256;
 const HELD_CONNECTIONS = 2000;
 /** Connections an attacker opens at once (the listen backlog is 511). */
 const CONNECT_BATCH = 250;
+/** Short connections one attack opens and drops, and how many of them are in flight at once. */
+const SHORT_CONNECTIONS = 20_000;
+const SHORT_IN_FLIGHT = 400;
 /** A Status on a fresh connection is answered within this while an attack runs (issue's goal). */
 const FRESH_STATUS_MS = 1000;
 /** Descriptors are back to the baseline within this after the attacker leaves. */
@@ -90,6 +94,7 @@ const statusBody = grpcMessage(ControllerStatusRequest.encode(ControllerStatusRe
 describe('hostile peers on the socket', () => {
   let daemon: SandboxerDaemon | undefined;
   let client: SandboxClient | undefined;
+  let prober: StatusProber | undefined;
   let baselineFds = 0;
 
   const d = (): SandboxerDaemon => {
@@ -108,10 +113,12 @@ describe('hostile peers on the socket', () => {
     await client.create({ sandboxId: ID });
     await client.start({ sandboxId: ID });
     assert.equal((await client.status({ sandboxId: ID })).state, 'SANDBOX_READY');
+    prober = await startStatusProber(daemon.socketPath, NS, ID, FRESH_STATUS_MS);
     baselineFds = fdCount(pid());
   });
 
   after(async () => {
+    await prober?.close();
     client?.close();
     await daemon?.teardown();
   });
@@ -410,7 +417,8 @@ describe('hostile peers on the socket', () => {
   /**
    * Runs an attack on the connection table while a long-lived client (containerd's
    * connection) holds a Wait. `run` may call `probe` whenever the attack is in place: a Status
-   * on a fresh connection, which must be answered within FRESH_STATUS_MS. When `run` returns
+   * on a fresh connection, made from a process of its own as containerd makes it (the
+   * prober), which must be answered within FRESH_STATUS_MS. When `run` returns
    * the attacker has left: the daemon's descriptors must be back to the baseline within
    * RELEASE_MS, its RSS bounded all along, and the Wait still pending on the connection it was
    * sent on, answered when the sandbox stops.
@@ -433,20 +441,10 @@ describe('hostile peers on the socket', () => {
     let slowestMs = 0;
     const probe = async (): Promise<void> => {
       probed++;
-      const fresh = new SandboxClient(d().socketPath, NS, { ownConnection: true });
-      const started = performance.now();
-      try {
-        const state = (await fresh.status({ sandboxId: ID }, { timeoutMs: FRESH_STATUS_MS })).state;
-        const ms = performance.now() - started;
-        slowestMs = Math.max(slowestMs, ms);
-        if (state !== 'SANDBOX_READY') probes.push(`state ${state}`);
-      } catch (err) {
-        const ms = performance.now() - started;
-        slowestMs = Math.max(slowestMs, ms);
-        probes.push(`${(err as Partial<ServiceError>).code === undefined ? String(err) : codeName((err as ServiceError).code)} after ${ms.toFixed(0)} ms`);
-      } finally {
-        fresh.close();
-      }
+      const { ms, state, error } = await (prober as StatusProber).probe();
+      slowestMs = Math.max(slowestMs, ms);
+      if (error !== undefined) probes.push(`${error} after ${ms.toFixed(0)} ms`);
+      else if (state !== 'SANDBOX_READY') probes.push(`state ${state}`);
     };
 
     const samples = sampler(p);
@@ -524,6 +522,50 @@ describe('hostile peers on the socket', () => {
       for (const conn of conns) conn.destroy();
       // What they left behind must not keep a new client out.
       for (let n = 0; n < 3; n++) await probe();
+    }));
+
+  test('20 000 short connections dropped in mixed half-finished states', () =>
+    connectionAttack('20 000 short connections', async (path, probe) => {
+      const states: ((i: number) => Buffer | undefined)[] = [
+        () => undefined,
+        () => PREFACE.subarray(0, 12),
+        () => PREFACE,
+        () => HANDSHAKE,
+        () => Buffer.concat([HANDSHAKE, HALF_A_LARGE_FRAME]),
+        () => Buffer.concat([HANDSHAKE, frame(FrameType.DATA, 0, 1, Buffer.alloc(100), 1024 * 1024)]),
+        (i) => Buffer.alloc(64, i & 0xff),
+      ];
+      /** Connections the attacker half-closed: the daemon must close its side too. */
+      const halfClosed: RawConnection[] = [];
+      let probing = true;
+      const probes = (async () => {
+        while (probing) await probe();
+      })();
+      try {
+        for (let start = 0; start < SHORT_CONNECTIONS; start += SHORT_IN_FLIGHT) {
+          const conns = await openRaw(path, SHORT_IN_FLIGHT, (i) => states[(start + i) % states.length]?.(start + i), SHORT_IN_FLIGHT);
+          conns.forEach((conn, i) => {
+            if (i % 2 === 0) conn.destroy();
+            else {
+              conn.socket.end();
+              halfClosed.push(conn);
+            }
+          });
+        }
+      } finally {
+        probing = false;
+        await probes;
+      }
+      await probe();
+      try {
+        await waitFor(() => halfClosed.every((c) => c.closed), {
+          what: `the daemon closing half-closed connections (${halfClosed.filter((c) => !c.closed).length} of ${halfClosed.length} open)`,
+          timeoutMs: RELEASE_MS,
+          intervalMs: 20,
+        });
+      } finally {
+        for (const conn of halfClosed) conn.destroy();
+      }
     }));
 
   test('a trailing HEADERS with END_STREAM on an open stream ends the request: the call is answered', async () => {
