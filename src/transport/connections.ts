@@ -56,8 +56,8 @@ class Connection {
   session: http2.ServerHttp2Session | undefined;
   /** When its preface and first SETTINGS frame had come; 0 until then. */
   handshakenAt = 0;
-  /** When it was handed to grpc-js (one turn after its handshake came); 0 until then. */
-  handedOverAt = 0;
+  /** It was handed to grpc-js (one turn after its handshake came). */
+  handedOver = false;
   /** It has had its first chance to be read, and holds a place in the table (see ConnectionTable). */
   seated = false;
   /** It was due a place but had sent nothing yet, and waits for its first bytes (see ConnectionTable). */
@@ -266,7 +266,7 @@ export class ConnectionTable {
     const socket = connection.socket;
     if (socket.destroyed || !this.#connections.has(connection)) return;
     socket.unshift(head);
-    connection.handedOverAt = Date.now();
+    connection.handedOver = true;
     this.#arriving = connection;
     try {
       this.#inject(socket);
@@ -382,7 +382,7 @@ export class ConnectionTable {
     for (const connection of this.#connections) {
       if (connection.waiting) {
         if (now - connection.acceptedAt >= FIRST_BYTES_MS) this.#seat(connection, now);
-      } else if (connection.handedOverAt === 0) {
+      } else if (!connection.handedOver) {
         if (now - connection.acceptedAt >= HANDSHAKE_MS) this.#endFor(connection, 'no handshake in time', now);
       } else if (connection.session?.closed === true) {
         if (connection.calls === 0 && now - connection.lastHeard >= CONNECTION_PING_MS) this.#endFor(connection, 'closed by node, no call left', now);
