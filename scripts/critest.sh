@@ -4,15 +4,10 @@
 # containerd's default handler must pass with handler tsbox. Needs root and a built tsbox.
 #
 # A spec that fails only on tsbox is run again, alone (--ginkgo.focus), up to twice, when at
-# most three did: containerd 2.1 has races on the version-2 route that a run hits now and then.
-# The runc shim of a tsbox pod ends with the pod's last container (containerd shuts a v2 shim
-# down after each task's delete; a podsandbox pod's shim lives on with its pause container),
-# so a StopPodSandbox that comes while containerd is still handling a container's exit either
-# sends its Kill to a shim that is gone ("failed to stop container") or finds no task, takes
-# the container as stopped, and the RemovePodSandbox after it cannot remove a container whose
-# status still says running. "HostNetwork is true", whose container exits at once, hits it on
-# a slow node (README, "The two test nodes"). Only a spec that fails on every rerun counts;
-# the output says which specs were rerun and how.
+# most three did: containerd 2.1 has races on the version-2 route that a run hits now and then
+# (a StopPodSandbox whose kill meets a pod's runc shim as it ends, with the pod's last container,
+# fails with "ttrpc: closed"; see DESIGN.md, "Stop and CRI's view of the pod's containers").
+# Only a spec that fails on every rerun counts; the output says which specs were rerun and how.
 #
 #   scripts/critest.sh            both runs and the comparison; podsandbox's results are kept
 #                                 in .cache/critest-podsandbox.json for --reference

@@ -25,6 +25,7 @@ const expected = [
   'cgroups/v1/metrics.ts',
   'cgroups/v2/metrics.ts',
   'runtime/v1/pod_sandbox_config.ts',
+  'runtime/v1/containers.ts',
   'containerd/task/v3/shim.ts',
   'containerd/v1/types/task.ts',
   'ttrpc/request.ts',

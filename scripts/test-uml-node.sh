@@ -5,9 +5,8 @@
 #   pods       the whole-pod end-to-end tests and the integration tests that touch cgroups
 #   critest    Kubernetes' CRI validation suite on tsbox pods against podsandbox, both in the node
 #   critest-tsbox  the suite on tsbox pods only, against podsandbox's results of the machine's
-#              own run (.cache/critest-podsandbox.json, left by scripts/critest.sh); not
-#              in npm test (README, "The two test nodes": a containerd race of the
-#              version-2 route fails one spec there more often than not)
+#              own run (.cache/critest-podsandbox.json, left by scripts/critest.sh); the
+#              part npm test runs
 # then prints each part's result and time. Exits non-zero when a part fails. Needs root, a
 # build (npm run build) and network for the preparation (run from scripts/test.sh, last).
 #

@@ -47,8 +47,5 @@ step "tests"
 node --test --test-concurrency=1 --expose-gc \
   dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/hostile/*.test.js dist/test/e2e/*.test.js
 
-# critest on that node is a part of its own (scripts/test-uml-node.sh critest-tsbox): on the
-# version-2 route one spec loses a containerd race there more often than not (README, "The two
-# test nodes").
-step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration"
-bash scripts/test-uml-node.sh node pods
+step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration, critest on tsbox"
+bash scripts/test-uml-node.sh node pods critest-tsbox

@@ -5,7 +5,8 @@ import type { Config } from './config.js';
 import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
 import { messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
-import type { RuntimeBackend } from './controller/types.js';
+import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
+import { criPodContainers } from './cri-containers.js';
 import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js';
 import { type MetricsServer, startMetricsServer } from './metrics-server.js';
 import { EXIT, OperatorError } from './ops/exit-codes.js';
@@ -146,6 +147,8 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.
   const store = new FileRecordStore(stateLayout(config.stateDir), logger.child({ component: 'state' }));
+  // CRI's view of a pod's containers, which a Stop waits to settle; a noop backend runs no pod.
+  const podContainers = config.backend === 'process' ? criPodContainers(config.containerdAddress, { logger: logger.child({ component: 'cri' }) }) : NO_POD_CONTAINERS;
   const controller = new Controller({
     crashPoint: crashHook(config.crashAt, logger),
     backend,
@@ -153,6 +156,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
     logger: logger.child({ component: 'controller' }),
     platform: hostPlatform(),
     stateDir: config.stateDir,
+    podContainers,
   });
   const summary = await controller.recover(config.recoveryConcurrency);
   metrics?.recoveryDone(summary);
@@ -168,6 +172,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
     await server.listen();
   } catch (err) {
     controller.close();
+    podContainers.close();
     await store.close();
     await metricsServer?.close();
     throw err;
@@ -180,6 +185,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
       metrics?.setReady(false);
       await server.close(config.shutdownDrainMs);
       controller.close();
+      podContainers.close();
       await store.close();
       await metricsServer?.close();
       await lock.release();

@@ -13,12 +13,14 @@ import type {
   ExitInfo,
   HostPlatform,
   LaunchSpec,
+  PodContainers,
   RecordStore,
   RunningSandbox,
   RuntimeBackend,
   SandboxRecord,
   Timestamp,
 } from './types.js';
+import { NO_POD_CONTAINERS } from './types.js';
 
 /** Create's input, decoded by the transport. */
 export interface CreateRequest extends CreateInput {
@@ -103,6 +105,8 @@ export interface ControllerOptions {
   readonly clock?: Clock;
   /** Timers (a graceful Stop's SIGKILL); injectable for tests. */
   readonly schedule?: Schedule;
+  /** CRI's view of a pod's containers, which a Stop waits to settle; none when absent. */
+  readonly podContainers?: PodContainers;
 }
 
 /** Counts of a recovery, for the start-up summary line. */
@@ -167,6 +171,7 @@ export class Controller {
   /** The mutations of each sandbox, in turn. */
   readonly #queue = new SerialQueue();
   readonly #backend: RuntimeBackend;
+  readonly #podContainers: PodContainers;
   readonly #store: RecordStore;
   readonly #log: Logger;
   readonly #platform: HostPlatform;
@@ -184,6 +189,7 @@ export class Controller {
     this.#clock = options.clock ?? systemClock;
     this.#schedule = options.schedule ?? systemSchedule;
     this.#stateDir = options.stateDir;
+    this.#podContainers = options.podContainers ?? NO_POD_CONTAINERS;
   }
 
   /** Number of sandboxes known. */
@@ -368,12 +374,20 @@ export class Controller {
   }
 
   /**
-   * Stops the sandbox and returns once its exit is recorded (or the signal fires).
-   * Unknown or already stopped: nothing to do. Never started: counts as exited.
+   * Stops the sandbox and returns once its exit is recorded (or the signal fires), and once
+   * CRI no longer counts any of the pod's containers as running (bounded; see
+   * src/cri-containers.ts). Unknown or already stopped: nothing to do. Never started:
+   * counts as exited.
    */
   async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
+    const settled = this.#podContainers.settled(namespace, id, signal);
+    await this.#stopSandbox(sandbox, timeoutSeconds, signal);
+    await settled;
+  }
+
+  async #stopSandbox(sandbox: Sandbox, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
       // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).

@@ -116,3 +116,22 @@ export interface HostPlatform {
   readonly architecture: string;
   readonly variant: string;
 }
+
+/**
+ * CRI's view of a pod's containers, which a Stop waits to settle (src/cri-containers.ts says
+ * why); a fake implements it in unit tests.
+ */
+export interface PodContainers {
+  /**
+   * Resolves once CRI counts none of the pod's containers as running, once waiting no
+   * longer helps (no CRI, the bound passed), or when `signal` fires. Never rejects.
+   */
+  settled(namespace: string, podId: string, signal: CallSignal): Promise<void>;
+  close(): void;
+}
+
+/** Nothing to wait for: a Stop answers as soon as the sandbox has exited. */
+export const NO_POD_CONTAINERS: PodContainers = {
+  settled: () => Promise.resolve(),
+  close: () => undefined,
+};

@@ -180,6 +180,32 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       await assertNothingLeft(b, [keep]);
     }));
 
+  test('a pod whose container has just exited by itself is stopped and removed at once, as kubelet does: its exit recorded first', (t) =>
+    withLogs(async () => {
+      // CRI deletes the task of a container that exited before it records the exit, and the
+      // pod's runc shim ends inside that delete. A StopPodSandbox in that window must not
+      // answer before CRI has the exit, or the RemovePodSandbox after it finds the container
+      // "still running". (When CRI's kill of the container reaches the shim as it ends,
+      // containerd fails that StopPodSandbox with "ttrpc: closed", and kubelet calls it again:
+      // so does the test, once.)
+      for (const round of [1, 2, 3]) {
+        const config = env.podConfig(`just-exited-${round}`);
+        const id = await runPod(config);
+        const c = await startContainer(id, config, 'brief', 'mkfifo /tmp/go && read go < /tmp/go; exit 3');
+        const pid = await harness.pidOf('ContainerStatus', c);
+        assert.equal((await exec(c, ['sh', '-c', 'until [ -p /tmp/go ]; do sleep 0.05; done; echo go > /tmp/go'])).code, 0);
+        await waitFor(() => !existsSync(`/proc/${pid}`), { what: `round ${round}: the container's process is gone` });
+        await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 }).catch(async (err: unknown) => {
+          if (!/failed to kill container .*ttrpc: closed/.test(String(err))) throw err;
+          t.diagnostic(`round ${round}: StopPodSandbox met the ending shim (${String(err)}); called again, as kubelet does`);
+          await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+        });
+        assert.deepEqual(await containerState(c).then(({ state, exitCode }) => ({ state, exitCode })), { state: 'CONTAINER_EXITED', exitCode: 3 }, `round ${round}: CRI has the exit once the pod is stopped`);
+        await env.cri.call('RemovePodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });
+        await assertNothingLeft(id, [c]);
+      }
+    }));
+
   test('a container past its memory limit is killed by the OOM killer and reported OOMKilled, with code 137', () =>
     withLogs(async () => {
       const config = env.podConfig('oom', { linux: { cgroup_parent: `/tsbox-e2e-${process.pid}/oom` } });

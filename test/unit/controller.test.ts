@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { pino } from 'pino';
 import { Controller, UNKNOWN_EXIT_STATUS, type CreateRequest } from '../../src/controller/controller.js';
-import type { ExitInfo, HostPlatform, SandboxRecord } from '../../src/controller/types.js';
+import type { CallSignal, ExitInfo, HostPlatform, PodContainers, SandboxRecord } from '../../src/controller/types.js';
 import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/errors.js';
 import { PodSandboxConfig } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
 import {
@@ -28,7 +28,7 @@ const ID = 'a3f0c9d2e1b4';
 const PLATFORM: HostPlatform = { os: 'linux', architecture: 'amd64', variant: '' };
 const STATE_DIR = '/var/lib/tsbox-unit';
 
-function setup(): { clock: FakeClock; backend: FakeBackend; store: MemoryRecordStore; controller: Controller } {
+function setup(podContainers?: PodContainers): { clock: FakeClock; backend: FakeBackend; store: MemoryRecordStore; controller: Controller } {
   const clock = new FakeClock();
   const backend = new FakeBackend(clock);
   const store = new MemoryRecordStore();
@@ -40,6 +40,7 @@ function setup(): { clock: FakeClock; backend: FakeBackend; store: MemoryRecordS
     stateDir: STATE_DIR,
     clock: clock.now,
     schedule: (delayMs, callback) => clock.schedule(delayMs, callback),
+    ...(podContainers !== undefined && { podContainers }),
   });
   return { clock, backend, store, controller };
 }
@@ -433,6 +434,31 @@ describe('Stop', () => {
     assert.equal(controller.status(NS, ID, false).state, 'SANDBOX_NOTREADY');
     const exit = await waitExit(controller, NS, ID, noDeadline());
     assert.equal(exit.status, KILLED_STATUS);
+  });
+
+  test('Stop answers only once CRI no longer counts a container of the pod as running', async () => {
+    const asked: { namespace: string; id: string; signal: CallSignal }[] = [];
+    const criDone = new Gate();
+    const podContainers: PodContainers = {
+      async settled(namespace, id, signal) {
+        asked.push({ namespace, id, signal });
+        await criDone.wait();
+      },
+      close: () => undefined,
+    };
+    const { controller } = setup(podContainers);
+    await createAndStart(controller);
+    const signal = noDeadline();
+    const stop = track(controller.stop(NS, ID, 0, signal));
+    await until(() => controller.status(NS, ID, false).state === 'SANDBOX_NOTREADY', 'the sandbox exits');
+    await settle();
+    assert.equal(stop.settled, false, 'Stop answered while CRI still counted a container as running');
+    assert.deepEqual(asked.map(({ namespace, id }) => ({ namespace, id })), [{ namespace: NS, id: ID }]);
+    assert.equal(asked[0]?.signal, signal, 'the wait ends with the call');
+
+    criDone.open();
+    await until(() => stop.settled, 'Stop answers');
+    assert.equal(stop.error, undefined);
   });
 
   test('Stop(N) sends SIGTERM first', async () => {

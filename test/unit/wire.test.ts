@@ -26,6 +26,7 @@ import { StoreService } from '../../src/gen/containerd/services/sandbox/v1/store
 import { StateResponse, TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { Status as TaskStatus } from '../../src/gen/containerd/v1/types/task.js';
 import { Request as TtrpcRequest, Response as TtrpcResponse } from '../../src/gen/ttrpc/request.js';
+import { ContainerState, ListContainersRequest, RuntimeServiceService } from '../../src/gen/runtime/v1/containers.js';
 
 /** Packages whose messages we own and compare; google.protobuf comes from protobufjs itself. */
 const OUR_PACKAGES = [
@@ -81,6 +82,13 @@ const CRI_OMITTED_FIELDS: ReadonlySet<string> = new Set([
   'runtime.v1.LinuxSandboxSecurityContext.seccomp',
   'runtime.v1.LinuxSandboxSecurityContext.apparmor',
   'runtime.v1.LinuxSandboxSecurityContext.seccomp_profile_path',
+  'runtime.v1.Container.metadata',
+  'runtime.v1.Container.image',
+  'runtime.v1.Container.image_ref',
+  'runtime.v1.Container.created_at',
+  'runtime.v1.Container.labels',
+  'runtime.v1.Container.annotations',
+  'runtime.v1.Container.image_id',
 ]);
 
 /**
@@ -350,7 +358,7 @@ test(`the CRI messages tsbox decodes (${CRI_PACKAGE}) match Kubernetes' api.prot
   assert.ok(mine.some((m) => fqn(m) === 'runtime.v1.PodSandboxConfig'));
   for (const message of mine) assertSameMessage(message, CRI_OMITTED_FIELDS);
   const enumValues = (root: protobuf.Root, name: string): Record<string, number> => ({ ...root.lookupEnum(name).values });
-  for (const name of ['runtime.v1.NamespaceMode', 'runtime.v1.Protocol']) {
+  for (const name of ['runtime.v1.NamespaceMode', 'runtime.v1.Protocol', 'runtime.v1.ContainerState']) {
     assert.deepEqual(enumValues(ours(), name), enumValues(reference(), name), name);
   }
   for (const field of CRI_OMITTED_FIELDS) {
@@ -358,6 +366,20 @@ test(`the CRI messages tsbox decodes (${CRI_PACKAGE}) match Kubernetes' api.prot
     assert.ok(reference().lookupType(message).fields[fieldName] !== undefined, `${field} is not in the reference`);
     assert.equal(ours().lookupType(message).fields[fieldName], undefined, `${field} is defined after all: drop it from the list`);
   }
+});
+
+test('CRI RuntimeService: ListContainers, the one method tsbox calls, is Kubernetes\' and at Kubernetes\' path', () => {
+  const mine = ours().lookupService('runtime.v1.RuntimeService');
+  const theirs = reference().lookupService('runtime.v1.RuntimeService');
+  assert.deepEqual(mine.methodsArray.map((m) => m.name), ['ListContainers']);
+  assert.deepEqual(describeService(mine)['ListContainers'], describeService(theirs)['ListContainers']);
+  assert.equal(RuntimeServiceService.listContainers.path, '/runtime.v1.RuntimeService/ListContainers');
+  const bytes = ListContainersRequest.encode({
+    filter: { id: '', podSandboxId: 'p0d', state: { state: ContainerState.CONTAINER_RUNNING }, labelSelector: {} },
+  }).finish();
+  assert.deepEqual(decodeWithReference('runtime.v1.ListContainersRequest', bytes), {
+    filter: { pod_sandbox_id: 'p0d', state: { state: 1 } },
+  });
 });
 
 test('Controller service: same nine unary methods with the same request and response types', () => {
