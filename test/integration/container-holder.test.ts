@@ -252,6 +252,35 @@ describe('container holder (tsbox-ctr) with runc', () => {
     assert.equal(await pod.exit(), undefined, "the pod's own process is untouched");
   });
 
+  test('stdin stays open until closeio: the holder keeps a writer while CRI comes and goes', async () => {
+    const stdin = fifo('c8-stdin');
+    const out = fifo('c8-stdout');
+    const output = readFifo(out);
+    const holder = await createContainer(options('c8', bundle('c8', ['sh', '-c', 'cat; exit 9']), { stdin, stdout: out }));
+    await holder.start();
+    // A writer that comes and goes (CRI restarting) does not end the input.
+    writeFifo(stdin, 'first\n');
+    writeFifo(stdin, 'second\n');
+    const exit = holder.waitExit();
+    await holder.closeIO();
+    assert.equal((await exit).status, 9);
+    assert.equal(await output, 'first\nsecond\n');
+  });
+
+  test('a holder killed before the exit: waitExit reports status 255 at once, found again as lost', async () => {
+    const opts = options('c9', bundle('c9', ['sleep', '1000']));
+    const holder = await createContainer(opts);
+    await holder.start();
+    const exit = holder.waitExit();
+    process.kill(holder.record.holderPid, 'SIGKILL');
+    const lost = await exit;
+    assert.equal(lost.status, 255);
+    assert.match(lost.reason, /holder was killed/);
+    const found = await findContainerHolder(opts.dir);
+    assert.equal(found.kind, 'exited');
+    assert.equal((found as { exit: { status: number } }).exit.status, 255);
+  });
+
   test("a bad bundle: create fails with runc's own message and leaves nothing", async () => {
     const empty = path.join(scratch, 'c6.bundle');
     mkdirSync(empty);
