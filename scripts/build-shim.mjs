@@ -1,17 +1,20 @@
-// Compiles the per-sandbox supervisor (native/tsbox-shim.c) into dist/bin/tsbox-shim.
-// Rebuilds only when the source is newer than the binary.
+// Compiles the native helpers into dist/bin: the per-sandbox supervisor (native/tsbox-shim.c)
+// and the per-container holder (native/tsbox-ctr.c). Rebuilds each only when its source is
+// newer than its binary.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const src = join(root, 'native', 'tsbox-shim.c');
-const out = join(root, 'dist', 'bin', 'tsbox-shim');
 // A file that does not exist is older than any other: it gets built.
 const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
-if (mtime(out) < mtime(src)) {
-  mkdirSync(dirname(out), { recursive: true });
-  const cc = process.env.CC ?? 'cc';
-  execFileSync(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-o', out, src], { stdio: 'inherit' });
+for (const name of ['tsbox-shim', 'tsbox-ctr']) {
+  const src = join(root, 'native', `${name}.c`);
+  const out = join(root, 'dist', 'bin', name);
+  if (mtime(out) < mtime(src)) {
+    mkdirSync(dirname(out), { recursive: true });
+    const cc = process.env.CC ?? 'cc';
+    execFileSync(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-o', out, src], { stdio: 'inherit' });
+  }
 }

@@ -1,0 +1,849 @@
+/*
+ * tsbox-ctr: the per-container holder.
+ *
+ * One holder per container (create mode) and one per exec'd process while it runs (exec
+ * mode). It keeps, outside of tsbox, everything a container needs for as long as it runs:
+ * runc's children (it is their subreaper, so only it can read the real exit status), the
+ * container's FIFO ends, the pty master and its relay, and the exit status, written down
+ * the way tsbox-shim writes a sandbox's. A restart or a crash of tsbox ends no container and
+ * loses no exit code.
+ *
+ * Usage:
+ *   tsbox-ctr create --dir DIR --bundle B --id ID --root R [--stdin P] [--stdout P]
+ *                    [--stderr P] [--terminal] [--systemd-cgroup] [--kill-all]
+ *                    [--runc PATH] [--notify FILE]
+ *   tsbox-ctr exec   --dir DIR --id ID --root R --process P.json [--stdin P] [--stdout P]
+ *                    [--stderr P] [--terminal] [--systemd-cgroup] [--runc PATH] [--notify FILE]
+ * DIR (absolute, the holder's own) receives: runc.log (runc's JSON log), pid, exit, ctl
+ * (the control socket) and, with a terminal, console.sock while runc hands over the pty.
+ * --kill-all: the container does not have a pid namespace of its own, so when its init ends
+ * its other processes are not ended by the kernel: the holder SIGKILLs them all (runc kill
+ * --all ID KILL) before it writes the exit. tsbox decides it from the bundle's config.json.
+ *
+ * Protocol with tsbox, on the holder's stdout (a pipe), one line, then EOF:
+ *   "ok <holder-pid> <pid>\n"   the container is created (create) or the process runs (exec)
+ *   "error <message>\n"         nothing is left running; the holder exits 1. <message> is
+ *                               runc's own last error when runc failed.
+ * Before answering ok the holder writes DIR/pid:
+ *   "<holder-pid> <holder-start> <pid> <pid-start>\n"
+ * (start times are field 22 of /proc/PID/stat): written by the one process that knows all
+ * four, before anyone is told, so there is no moment in which a crash of tsbox leaves a
+ * running holder that no file names with the start time that makes its pid trustworthy.
+ *
+ * Control socket DIR/ctl, one line per request, one line per answer:
+ *   "start"          runc start (create mode; again once started: "ok")
+ *   "resize W H"     TIOCSWINSZ on the pty master ("ok" without a terminal, as the runc shim)
+ *   "closeio"        closes the holder's stdin writer: the process sees EOF once every other
+ *                    writer has closed too
+ *   "wait"           no answer until the process has exited and the exit file is written:
+ *                    then "exited <status> <seconds> <nanoseconds>". A connection that closes
+ *                    without it means the holder died.
+ * Answers: "ok", "ok <pid>" or "error <message>".
+ *
+ * When the process ends: (kill-all,) DIR/exit "<status> <seconds> <nanoseconds>" written
+ * atomically and durably, the notify file touched, waiters told, the tty relay drained (until
+ * the pty reports that every slave end is closed, at most DRAIN_MS), the FIFO holders closed,
+ * exit. The holder's exit status: 0 exit file written, 2 not written, 3 written but the
+ * notify file not.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CLIENTS 32
+#define RELAY_BUF 32768
+/* How long a pty may keep output coming after the process ended: a process that escaped
+   the container's end (it cannot in a pid namespace of its own) may hold the slave forever. */
+#define DRAIN_MS 5000
+
+static const char *dir;
+static char reply[2048];
+static int reply_fd = STDOUT_FILENO;
+/* Set once the container or exec exists: a failed start must remove it. */
+static const char *runc_bin = "runc";
+static const char *root, *id;
+static int systemd_cgroup = 0;
+static int created = 0;
+static int exec_mode = 0;
+static pid_t proc_pid = 0;
+
+static void cleanup_created(void);
+
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  int n = snprintf(reply, sizeof reply, "error ");
+  va_start(ap, fmt);
+  vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  cleanup_created();
+  size_t len = strlen(reply);
+  reply[len] = '\n';
+  if (write(reply_fd, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
+  _exit(1);
+}
+
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    buf += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static void path_in_dir(char *out, size_t size, const char *name) {
+  if ((size_t)snprintf(out, size, "%s/%s", dir, name) >= size) fail("path %s/%s is too long", dir, name);
+}
+
+/* As tsbox-shim: temp file, rename; `durable` also fsyncs the file and the directory. */
+static int write_file_atomic(const char *name, const char *content, int durable) {
+  char tmp[4096], path[4096];
+  snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (write_all(fd, content, strlen(content)) < 0 || (durable && fsync(fd) < 0)) {
+    int saved = errno;
+    (void)close(fd); /* the write already failed; errno says why */
+    errno = saved;
+    return -1;
+  }
+  if (close(fd) < 0) return -1;
+  if (rename(tmp, path) < 0) return -1;
+  if (!durable) return 0;
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return -1;
+  if (fsync(dfd) < 0) {
+    int saved = errno;
+    (void)close(dfd); /* the fsync already failed; errno says why */
+    errno = saved;
+    return -1;
+  }
+  return close(dfd);
+}
+
+/* Field 22 of /proc/PID/stat (start time in clock ticks), or 0 on failure with errno set. */
+static unsigned long long start_time(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n;
+  do n = read(fd, buf, sizeof buf - 1);
+  while (n < 0 && errno == EINTR);
+  int saved = errno;
+  if (close(fd) < 0 && n >= 0) return 0;
+  if (n < 0) {
+    errno = saved;
+    return 0;
+  }
+  buf[n] = '\0';
+  /* The command name (field 2) may contain spaces and ')': fields count from the last ')'. */
+  char *p = strrchr(buf, ')');
+  if (p == NULL) {
+    errno = EINVAL;
+    return 0;
+  }
+  p++;
+  for (int field = 2; field < 21 && p != NULL; field++) p = strchr(p + 1, ' ');
+  if (p == NULL) {
+    errno = EINVAL;
+    return 0;
+  }
+  errno = 0;
+  unsigned long long v = strtoull(p + 1, NULL, 10);
+  if (v == 0 && errno == 0) errno = EINVAL;
+  return v;
+}
+
+/* ---- runc ---------------------------------------------------------------------------- */
+
+/*
+ * The message of the last "error" entry of runc's JSON log (runc writes one object per line:
+ * {"level":"error","msg":"...","time":"..."}), unescaped into `out`; 0 when there is none.
+ */
+static int last_runc_error(char *out, size_t size) {
+  char path[4096];
+  path_in_dir(path, sizeof path, "runc.log");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  static char log[65536];
+  struct stat st;
+  if (fstat(fd, &st) < 0) {
+    (void)close(fd); /* no log to read: the caller says runc failed without one */
+    return 0;
+  }
+  off_t from = st.st_size > (off_t)sizeof log - 1 ? st.st_size - (off_t)sizeof log + 1 : 0;
+  ssize_t n;
+  do n = pread(fd, log, sizeof log - 1, from);
+  while (n < 0 && errno == EINTR);
+  if (close(fd) < 0 || n <= 0) return 0;
+  log[n] = '\0';
+  const char *found = NULL;
+  for (char *line = log; line != NULL && *line != '\0';) {
+    char *end = strchr(line, '\n');
+    if (end != NULL) *end = '\0';
+    if (strstr(line, "\"level\":\"error\"") != NULL && strstr(line, "\"msg\":\"") != NULL) found = line;
+    line = end == NULL ? NULL : end + 1;
+  }
+  if (found == NULL) return 0;
+  const char *s = strstr(found, "\"msg\":\"") + 7;
+  size_t o = 0;
+  for (; *s != '\0' && *s != '"' && o + 1 < size; s++) {
+    char c = *s;
+    if (c == '\\' && s[1] != '\0') {
+      s++;
+      switch (*s) {
+        case 'n': case 'r': case 't': c = ' '; break;
+        case 'u':
+          /* Non-ASCII and control characters: '?' keeps the one-line answer one line. */
+          if (strlen(s) >= 5) {
+            char hex[5] = {s[1], s[2], s[3], s[4], '\0'};
+            long v = strtol(hex, NULL, 16);
+            c = v >= 0x20 && v < 0x7f ? (char)v : '?';
+            s += 4;
+          }
+          break;
+        default: c = *s; break; /* \" \\ \/ */
+      }
+    }
+    out[o++] = c;
+  }
+  out[o] = '\0';
+  return o > 0;
+}
+
+/*
+ * Runs `runc --root R --log DIR/runc.log --log-format json [--systemd-cgroup] ARGS...` with
+ * stdin/stdout/stderr as given (-1: /dev/null) and waits for it. Returns its exit code, or
+ * -1 with `why` filled when it could not be run or was killed.
+ */
+static int run_runc(const char *const *args, int in, int out, int err, char *why, size_t whysize) {
+  const char *argv[32];
+  char logpath[4096];
+  path_in_dir(logpath, sizeof logpath, "runc.log");
+  int n = 0;
+  argv[n++] = runc_bin;
+  argv[n++] = "--root";
+  argv[n++] = root;
+  argv[n++] = "--log";
+  argv[n++] = logpath;
+  argv[n++] = "--log-format";
+  argv[n++] = "json";
+  if (systemd_cgroup) argv[n++] = "--systemd-cgroup";
+  for (; *args != NULL && n < 31; args++) argv[n++] = *args;
+  argv[n] = NULL;
+
+  int errpipe[2];
+  if (pipe2(errpipe, O_CLOEXEC) < 0) {
+    snprintf(why, whysize, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(why, whysize, "fork: %s", strerror(errno));
+    (void)close(errpipe[0]); /* the fork failure is what is reported */
+    (void)close(errpipe[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    char msg[512];
+    /* A holder that dies mid-call must not leave a half-made container behind. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) {
+      snprintf(msg, sizeof msg, "prctl PR_SET_PDEATHSIG: %s", strerror(errno));
+      goto child_fail;
+    }
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) {
+      snprintf(msg, sizeof msg, "open /dev/null: %s", strerror(errno));
+      goto child_fail;
+    }
+    /* dup2 clears close-on-exec on the copies: 0, 1 and 2 survive the exec. Moved above 2
+       first, so that a source that is itself 0..2 is not overwritten before it is copied. */
+    int fds[3] = {in < 0 ? devnull : in, out < 0 ? devnull : out, err < 0 ? devnull : err};
+    for (int i = 0; i < 3; i++) {
+      if (fds[i] <= 2 && (fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3)) < 0) {
+        snprintf(msg, sizeof msg, "dup: %s", strerror(errno));
+        goto child_fail;
+      }
+    }
+    for (int i = 0; i < 3; i++) {
+      if (dup2(fds[i], i) < 0) {
+        snprintf(msg, sizeof msg, "dup2 to fd %d: %s", i, strerror(errno));
+        goto child_fail;
+      }
+    }
+    sigset_t none;
+    if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) {
+      snprintf(msg, sizeof msg, "sigprocmask: %s", strerror(errno));
+      goto child_fail;
+    }
+    const int sigs[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+      if (signal(sigs[i], SIG_DFL) == SIG_ERR) {
+        snprintf(msg, sizeof msg, "signal: %s", strerror(errno));
+        goto child_fail;
+      }
+    }
+    execvp(runc_bin, (char *const *)argv);
+    snprintf(msg, sizeof msg, "run %s: %s", runc_bin, strerror(errno));
+  child_fail:
+    if (write(errpipe[1], msg, strlen(msg)) < 0) { /* the holder is gone: nobody to tell */ }
+    _exit(127);
+  }
+  if (close(errpipe[1]) < 0) {
+    snprintf(why, whysize, "close: %s", strerror(errno));
+    (void)close(errpipe[0]); /* the close failure is what is reported */
+    return -1;
+  }
+  char msg[512];
+  ssize_t r;
+  do r = read(errpipe[0], msg, sizeof msg - 1);
+  while (r < 0 && errno == EINTR);
+  int saved = errno;
+  if (close(errpipe[0]) < 0 && r >= 0) saved = errno, r = -1;
+  int status;
+  pid_t w;
+  do w = waitpid(pid, &status, 0);
+  while (w < 0 && errno == EINTR);
+  if (r < 0) {
+    snprintf(why, whysize, "read from runc's start: %s", strerror(saved));
+    return -1;
+  }
+  if (r > 0) {
+    msg[r] = '\0';
+    snprintf(why, whysize, "%s", msg);
+    return -1;
+  }
+  if (w < 0) {
+    snprintf(why, whysize, "wait for runc: %s", strerror(errno));
+    return -1;
+  }
+  if (WIFSIGNALED(status)) {
+    snprintf(why, whysize, "runc %s was killed by signal %d", args[0], WTERMSIG(status));
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
+/* Runs runc; 0 on success, else -1 with runc's own last error (or why it failed) in `why`. */
+static int runc_ok(const char *const *args, int in, int out, int err, char *why, size_t whysize) {
+  int code = run_runc(args, in, out, err, why, whysize);
+  if (code == 0) return 0;
+  if (code > 0 && !last_runc_error(why, whysize)) snprintf(why, whysize, "runc %s exited with status %d", args[0], code);
+  return -1;
+}
+
+/* After a failed start: the container runc made (if any) goes, so nothing is left running. */
+static void cleanup_created(void) {
+  if (!created) return;
+  created = 0;
+  char why[512];
+  if (!exec_mode) {
+    const char *args[] = {"delete", "--force", id, NULL};
+    if (run_runc(args, -1, -1, -1, why, sizeof why) != 0 && proc_pid > 0 && kill(proc_pid, SIGKILL) < 0 && errno != ESRCH) {
+      /* both ways failed: the answer's message says the start failed, nothing more to do */
+    }
+  } else if (proc_pid > 0 && kill(proc_pid, SIGKILL) < 0 && errno != ESRCH) {
+    /* already gone, or not ours to kill: nothing more to do */
+  }
+}
+
+/* ---- IO ------------------------------------------------------------------------------ */
+
+/*
+ * The container's end of a FIFO CRI made, opened the way that never blocks: first O_RDONLY |
+ * O_NONBLOCK (always immediate), its type checked (a caller-supplied path must not hang the
+ * start), then the same inode again through /proc/self/fd with `flags`: an O_WRONLY open
+ * succeeds at once since a reader (ours) exists. Both ends have close-on-exec; the second
+ * is a blocking open file description of its own. Returns the first (the reader).
+ */
+static int open_fifo(const char *path, int flags, int *second) {
+  int r = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (r < 0) fail("open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(r, &st) < 0) fail("stat %s: %s", path, strerror(errno));
+  if (!S_ISFIFO(st.st_mode)) fail("%s is not a FIFO", path);
+  char self[64];
+  snprintf(self, sizeof self, "/proc/self/fd/%d", r);
+  *second = open(self, flags | O_CLOEXEC | O_NOCTTY);
+  if (*second < 0) fail("open %s again: %s", path, strerror(errno));
+  return r;
+}
+
+static int set_nonblock(int fd, int on) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return -1;
+  return fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
+/* Listens on DIR/NAME (a stream socket, 0600 by umask); fails the start when it cannot. */
+static int listen_at(const char *name, char *path, size_t pathsize) {
+  path_in_dir(path, pathsize, name);
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof addr.sun_path) fail("socket path %s is longer than %zu bytes", path, sizeof addr.sun_path - 1);
+  strcpy(addr.sun_path, path);
+  if (unlink(path) < 0 && errno != ENOENT) fail("remove %s: %s", path, strerror(errno));
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) fail("socket: %s", strerror(errno));
+  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0) fail("bind %s: %s", path, strerror(errno));
+  if (listen(fd, 16) < 0) fail("listen %s: %s", path, strerror(errno));
+  return fd;
+}
+
+/* The pty master runc sent over the console socket (SCM_RIGHTS), after runc has exited. */
+static int receive_master(int lfd, const char *path) {
+  int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (conn < 0) fail("runc sent no terminal on %s: %s", path, strerror(errno));
+  char data[256];
+  struct iovec iov = {data, sizeof data};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } control;
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.buf;
+  msg.msg_controllen = sizeof control.buf;
+  ssize_t n;
+  do n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) fail("receive the terminal on %s: %s", path, strerror(errno));
+  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+  if (c == NULL || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
+    fail("runc sent no terminal on %s", path);
+  int master;
+  memcpy(&master, CMSG_DATA(c), sizeof master);
+  if (close(conn) < 0) fail("close the console connection: %s", strerror(errno));
+  if (close(lfd) < 0) fail("close %s: %s", path, strerror(errno));
+  if (unlink(path) < 0) fail("remove %s: %s", path, strerror(errno));
+  if (set_nonblock(master, 1) < 0) fail("make the terminal non-blocking: %s", strerror(errno));
+  return master;
+}
+
+/* ---- the running holder ---------------------------------------------------------------- */
+
+struct client {
+  int fd;
+  int waiting;
+  size_t len;
+  char buf[128];
+};
+
+static struct client clients[MAX_CLIENTS];
+static int nclients = 0;
+static int ctl_fd = -1;
+static char ctl_path[4096];
+static int started = 0;
+static int exited = 0;
+static char exit_line[96];
+
+/* Holders: stdin writer (till closeio), stdout/stderr readers (till exit). */
+static int stdin_hold = -1, stdout_hold = -1, stderr_hold = -1;
+/* The tty relay: pty master, stdin FIFO (read), stdout FIFO (write). */
+static int master = -1, relay_in = -1, relay_out = -1;
+static char out_buf[RELAY_BUF], in_buf[RELAY_BUF];
+static size_t out_len = 0, in_len = 0;
+static int master_done = 0;
+
+static void close_fd(int *fd) {
+  if (*fd >= 0 && close(*fd) < 0) { /* a close that fails still releases the descriptor */ }
+  *fd = -1;
+}
+
+static void drop_client(int i) {
+  close_fd(&clients[i].fd);
+  clients[i] = clients[--nclients];
+}
+
+/* Best effort: a client that is gone or not reading loses its answer, nobody else does. */
+static void answer(struct client *c, const char *fmt, ...) {
+  char line[600];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+  line[n++] = '\n';
+  if (send(c->fd, line, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* the client went away */ }
+}
+
+#define REPLY(...) \
+  do { \
+    answer(c, __VA_ARGS__); \
+    return; \
+  } while (0)
+
+static void handle_request(struct client *c, char *line) {
+  char why[512];
+  unsigned w, h;
+  if (strcmp(line, "start") == 0) {
+    if (exec_mode) REPLY("error an exec'd process is started by its holder");
+    if (exited) REPLY("error the container's process has exited");
+    if (started) REPLY("ok %d", (int)proc_pid);
+    const char *args[] = {"start", id, NULL};
+    if (runc_ok(args, -1, -1, -1, why, sizeof why) < 0) REPLY("error %s", why);
+    started = 1;
+    REPLY("ok %d", (int)proc_pid);
+  }
+  if (sscanf(line, "resize %u %u", &w, &h) == 2) {
+    if (master < 0) REPLY("ok");
+    struct winsize ws = {.ws_row = (unsigned short)h, .ws_col = (unsigned short)w};
+    if (ioctl(master, TIOCSWINSZ, &ws) < 0) REPLY("error resize the terminal: %s", strerror(errno));
+    REPLY("ok");
+  }
+  if (strcmp(line, "closeio") == 0) {
+    close_fd(&stdin_hold);
+    REPLY("ok");
+  }
+  if (strcmp(line, "wait") == 0) {
+    if (exited) REPLY("exited %s", exit_line);
+    c->waiting = 1;
+    return;
+  }
+  answer(c, "error unknown request: %.64s", line);
+}
+
+/* Reads what a client sent; handles each whole line. Returns 0 when the client is done. */
+static int serve_client(struct client *c) {
+  ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, MSG_DONTWAIT);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n == 0) return 0;
+  c->len += (size_t)n;
+  for (;;) {
+    char *nl = memchr(c->buf, '\n', c->len);
+    if (nl == NULL) break;
+    *nl = '\0';
+    handle_request(c, c->buf);
+    size_t used = (size_t)(nl - c->buf) + 1;
+    memmove(c->buf, nl + 1, c->len - used);
+    c->len -= used;
+  }
+  return c->len < sizeof c->buf - 1; /* a line too long for any request: drop the client */
+}
+
+static void accept_clients(void) {
+  for (;;) {
+    int fd = accept4(ctl_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return; /* EAGAIN: none left; any other error: the next poll tries again */
+    if (nclients == MAX_CLIENTS) {
+      close_fd(&fd);
+      continue;
+    }
+    clients[nclients++] = (struct client){.fd = fd, .waiting = 0, .len = 0};
+  }
+}
+
+/* One step of the tty relay in each direction that poll said is ready. */
+static void relay(short master_ev, short in_ev, short out_ev) {
+  if ((master_ev & (POLLIN | POLLHUP | POLLERR)) && out_len == 0 && !master_done) {
+    ssize_t n = read(master, out_buf, sizeof out_buf);
+    if (n > 0) out_len = relay_out >= 0 ? (size_t)n : 0; /* no stdout: the output is dropped */
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR)) master_done = 1; /* EIO: every slave end is closed */
+  }
+  if (out_len > 0 && (out_ev & POLLOUT)) {
+    ssize_t n = write(relay_out, out_buf, out_len);
+    if (n > 0) {
+      memmove(out_buf, out_buf + n, out_len - (size_t)n);
+      out_len -= (size_t)n;
+    } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+      out_len = 0; /* EPIPE cannot happen while we hold a reader; any other error drops it */
+    }
+  }
+  if (relay_in >= 0 && (in_ev & (POLLIN | POLLHUP | POLLERR)) && in_len == 0) {
+    ssize_t n = read(relay_in, in_buf, sizeof in_buf);
+    if (n > 0) in_len = (size_t)n;
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR)) close_fd(&relay_in); /* every writer closed */
+  }
+  if (in_len > 0 && (master_ev & POLLOUT)) {
+    ssize_t n = write(master, in_buf, in_len);
+    if (n > 0) {
+      memmove(in_buf, in_buf + n, in_len - (size_t)n);
+      in_len -= (size_t)n;
+    } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+      in_len = 0;
+    }
+  }
+}
+
+static long long ms_since(const struct timespec *t) {
+  struct timespec now;
+  if (clock_gettime(CLOCK_MONOTONIC, &now) < 0) return DRAIN_MS; /* cannot fail; if it did, stop draining */
+  return (now.tv_sec - t->tv_sec) * 1000LL + (now.tv_nsec - t->tv_nsec) / 1000000;
+}
+
+/* Serves the control socket and the relay until the process exits; returns its exit code. */
+static int serve(int sigfd, int kill_all, const char *notify) {
+  struct timespec drain_start = {0, 0};
+  for (;;) {
+    struct pollfd p[MAX_CLIENTS + 6];
+    int np = 0;
+    int i_sig = -1, i_ctl = -1, i_master = -1, i_in = -1, i_out = -1;
+    if (!exited) {
+      i_sig = np, p[np++] = (struct pollfd){sigfd, POLLIN, 0};
+      i_ctl = np, p[np++] = (struct pollfd){ctl_fd, POLLIN, 0};
+    }
+    int base = np;
+    for (int i = 0; i < nclients; i++) p[np++] = (struct pollfd){clients[i].fd, POLLIN, 0};
+    if (master >= 0) {
+      short ev = (out_len == 0 && !master_done ? POLLIN : 0) | (in_len > 0 ? POLLOUT : 0);
+      /* A closed slave makes poll report POLLHUP whatever is asked: an fd of -1 is skipped. */
+      i_master = np, p[np++] = (struct pollfd){ev == 0 ? -1 : master, ev, 0};
+      if (relay_in >= 0 && in_len == 0) i_in = np, p[np++] = (struct pollfd){relay_in, POLLIN, 0};
+      if (out_len > 0) i_out = np, p[np++] = (struct pollfd){relay_out, POLLOUT, 0};
+    }
+    int timeout = -1;
+    if (exited) {
+      long long left = DRAIN_MS - ms_since(&drain_start);
+      if (master < 0 || (master_done && out_len == 0) || left <= 0) return 0;
+      timeout = (int)left;
+    }
+    int r = poll(p, (nfds_t)np, timeout);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return 2;
+    }
+    if (master >= 0) relay(p[i_master].revents, i_in >= 0 ? p[i_in].revents : 0, i_out >= 0 ? p[i_out].revents : 0);
+    for (int i = nclients - 1; i >= 0; i--) {
+      if (p[base + i].revents != 0 && !serve_client(&clients[i])) drop_client(i);
+    }
+    if (i_ctl >= 0 && (p[i_ctl].revents & POLLIN)) accept_clients();
+    if (i_sig < 0 || !(p[i_sig].revents & POLLIN)) continue;
+
+    struct signalfd_siginfo si;
+    if (read(sigfd, &si, sizeof si) < 0 && errno != EAGAIN) return 2;
+    /* Each zombie is looked at before it is reaped (WNOWAIT): orphans reparented to the
+       subreaper are reaped by pid and forgotten, so the process's own status is never
+       taken by a wait for any child. Its exit time is taken while it is still a zombie. */
+    int found = 0;
+    for (;;) {
+      siginfo_t info;
+      info.si_pid = 0;
+      if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) break;
+      if (info.si_pid == proc_pid) {
+        found = 1;
+        break;
+      }
+      while (waitpid(info.si_pid, NULL, 0) < 0 && errno == EINTR) {
+      }
+    }
+    if (!found) continue;
+    struct timespec now = {0, 0};
+    if (clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
+    int status, code = 255;
+    pid_t w;
+    do w = waitpid(proc_pid, &status, 0);
+    while (w < 0 && errno == EINTR);
+    if (w == proc_pid && WIFEXITED(status)) code = WEXITSTATUS(status);
+    else if (w == proc_pid && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+    if (kill_all) {
+      /* No pid namespace of its own: the kernel ends nothing else when the init ends. runc
+         ≤ 1.1 signals the cgroup's processes for --all; ≥ 1.2 does so for KILL by itself. */
+      char why[512];
+      const char *args[] = {"kill", "--all", id, "KILL", NULL};
+      if (runc_ok(args, -1, -1, -1, why, sizeof why) < 0) {
+        /* Recorded in runc.log; the exit is written all the same. */
+      }
+    }
+    snprintf(exit_line, sizeof exit_line, "%d %lld %ld", code, (long long)now.tv_sec, now.tv_nsec);
+    char content[112];
+    snprintf(content, sizeof content, "%s\n", exit_line);
+    if (write_file_atomic("exit", content, 1) < 0) return 2;
+    exited = 1;
+    int rc = 0;
+    if (notify != NULL) {
+      int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0 || close(fd) < 0) rc = 3;
+    }
+    for (int i = nclients - 1; i >= 0; i--) {
+      if (clients[i].waiting) answer(&clients[i], "exited %s", exit_line);
+      drop_client(i);
+    }
+    close_fd(&ctl_fd);
+    if (unlink(ctl_path) < 0 && errno != ENOENT) { /* the file is left; nothing listens on it */ }
+    close_fd(&relay_in);
+    if (clock_gettime(CLOCK_MONOTONIC, &drain_start) < 0) drain_start = (struct timespec){0, 0};
+    if (rc != 0) return rc;
+  }
+}
+
+/* ---- main ---------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  if (argc < 2 || (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "exec") != 0)) {
+    fprintf(stderr, "usage: tsbox-ctr create|exec --dir DIR --id ID --root R ... (see native/tsbox-ctr.c)\n");
+    return 2;
+  }
+  exec_mode = strcmp(argv[1], "exec") == 0;
+  const char *bundle = NULL, *process = NULL, *notify = NULL;
+  const char *in_path = "", *out_path = "", *err_path = "";
+  int terminal = 0, kill_all = 0;
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--terminal") == 0) terminal = 1;
+    else if (strcmp(a, "--systemd-cgroup") == 0) systemd_cgroup = 1;
+    else if (strcmp(a, "--kill-all") == 0) kill_all = 1;
+    else if (v == NULL) fail("option %s needs a value", a);
+    else if (strcmp(a, "--dir") == 0) dir = v, i++;
+    else if (strcmp(a, "--bundle") == 0) bundle = v, i++;
+    else if (strcmp(a, "--id") == 0) id = v, i++;
+    else if (strcmp(a, "--root") == 0) root = v, i++;
+    else if (strcmp(a, "--process") == 0) process = v, i++;
+    else if (strcmp(a, "--stdin") == 0) in_path = v, i++;
+    else if (strcmp(a, "--stdout") == 0) out_path = v, i++;
+    else if (strcmp(a, "--stderr") == 0) err_path = v, i++;
+    else if (strcmp(a, "--runc") == 0) runc_bin = v, i++;
+    else if (strcmp(a, "--notify") == 0) notify = v, i++;
+    else fail("unknown option %s", a);
+  }
+  if (dir == NULL || dir[0] != '/') fail("--dir must be an absolute path");
+  if (id == NULL || id[0] == '\0' || id[0] == '-') fail("--id is required");
+  if (root == NULL || root[0] != '/') fail("--root must be an absolute path");
+  if (!exec_mode && (bundle == NULL || bundle[0] != '/')) fail("--bundle must be an absolute path");
+  if (exec_mode && (process == NULL || process[0] != '/')) fail("--process must be an absolute path");
+  if (exec_mode && kill_all) fail("--kill-all is for the container's init, not an exec");
+
+  /* The holder outlives tsbox and any terminal; stray signals must not end it. */
+  const int ignored[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE};
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+    if (signal(ignored[i], SIG_IGN) == SIG_ERR) fail("signal: %s", strerror(errno));
+  }
+  /* Its own session (tsbox spawns it detached, which already made one: then EPERM). */
+  if (setsid() < 0 && !(errno == EPERM && getsid(0) == getpid())) fail("setsid: %s", strerror(errno));
+  if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
+  /* runc create exits once the container is made: its init is then reparented here. */
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+  sigset_t chld;
+  if (sigemptyset(&chld) < 0 || sigaddset(&chld, SIGCHLD) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0)
+    fail("block SIGCHLD: %s", strerror(errno));
+  int sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd < 0) fail("signalfd: %s", strerror(errno));
+
+  /* The FIFOs, held as research §4.4 says: readers on stdout/stderr (no EPIPE while CRI is
+     away), a writer on stdin (no EOF while CRI restarts), never a writer on stdout/stderr
+     that outlives the start (CRI's Delete waits for EOF). */
+  int proc_in = -1, proc_out = -1, proc_err = -1;
+  if (in_path[0] != '\0') {
+    int rd = open_fifo(in_path, O_WRONLY, &stdin_hold);
+    if (terminal) {
+      relay_in = rd;
+    } else {
+      if (set_nonblock(rd, 0) < 0) fail("make %s blocking: %s", in_path, strerror(errno));
+      proc_in = rd;
+    }
+  }
+  if (out_path[0] != '\0') {
+    stdout_hold = open_fifo(out_path, O_WRONLY, terminal ? &relay_out : &proc_out);
+    if (terminal && set_nonblock(relay_out, 1) < 0) fail("make %s non-blocking: %s", out_path, strerror(errno));
+  }
+  /* With a terminal, all output goes through the pty to stdout (as the runc shim). */
+  if (err_path[0] != '\0' && !terminal) stderr_hold = open_fifo(err_path, O_WRONLY, &proc_err);
+
+  char con_path[4096];
+  int con_fd = terminal ? listen_at("console.sock", con_path, sizeof con_path) : -1;
+  ctl_fd = listen_at("ctl", ctl_path, sizeof ctl_path);
+
+  char pid_path[4096], why[1024];
+  path_in_dir(pid_path, sizeof pid_path, exec_mode ? "exec.pid" : "init.pid");
+  if (unlink(pid_path) < 0 && errno != ENOENT) fail("remove %s: %s", pid_path, strerror(errno));
+  const char *args[16];
+  int n = 0;
+  if (exec_mode) {
+    args[n++] = "exec", args[n++] = "--process", args[n++] = process, args[n++] = "--detach";
+  } else {
+    args[n++] = "create", args[n++] = "--bundle", args[n++] = bundle;
+  }
+  args[n++] = "--pid-file", args[n++] = pid_path;
+  if (terminal) args[n++] = "--console-socket", args[n++] = con_path;
+  args[n++] = id;
+  args[n] = NULL;
+  int code = run_runc(args, proc_in, proc_out, proc_err, why, sizeof why);
+  /* From here on whatever runc made must go if the start fails. */
+  created = code == 0;
+  if (code != 0) {
+    if (code > 0 && !last_runc_error(why, sizeof why)) snprintf(why, sizeof why, "runc %s exited with status %d", args[0], code);
+    fail("%s", why);
+  }
+  /* The process has its ends now: the holder keeps none of the ones it gave away. */
+  if (proc_in >= 0 && close(proc_in) < 0) fail("close %s: %s", in_path, strerror(errno));
+  if (proc_out >= 0 && close(proc_out) < 0) fail("close %s: %s", out_path, strerror(errno));
+  if (proc_err >= 0 && close(proc_err) < 0) fail("close %s: %s", err_path, strerror(errno));
+
+  char pidtext[32];
+  int pfd = open(pid_path, O_RDONLY | O_CLOEXEC);
+  if (pfd < 0) fail("open %s: %s", pid_path, strerror(errno));
+  ssize_t pn;
+  do pn = read(pfd, pidtext, sizeof pidtext - 1);
+  while (pn < 0 && errno == EINTR);
+  if (pn < 0) fail("read %s: %s", pid_path, strerror(errno));
+  if (close(pfd) < 0) fail("close %s: %s", pid_path, strerror(errno));
+  pidtext[pn] = '\0';
+  char *end;
+  long pid = strtol(pidtext, &end, 10);
+  if (end == pidtext || pid <= 0) fail("%s does not name a process: \"%s\"", pid_path, pidtext);
+  proc_pid = (pid_t)pid;
+  if (exec_mode) started = 1;
+  if (terminal) master = receive_master(con_fd, con_path);
+
+  unsigned long long self_start = start_time(getpid());
+  if (self_start == 0) fail("read /proc/self/stat: %s", strerror(errno));
+  /* The process is ours (a zombie at worst, until we reap it): its stat is there. */
+  unsigned long long proc_start = start_time(proc_pid);
+  if (proc_start == 0) fail("read /proc/%d/stat: %s", (int)proc_pid, strerror(errno));
+
+  /* The answer goes to a copy of stdout; the holder's own stdio becomes /dev/null. */
+  reply_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (reply_fd < 0) {
+    reply_fd = STDOUT_FILENO;
+    fail("dup stdout: %s", strerror(errno));
+  }
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0) fail("open /dev/null: %s", strerror(errno));
+  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(devnull, STDOUT_FILENO) < 0 || dup2(devnull, STDERR_FILENO) < 0)
+    fail("dup2 /dev/null: %s", strerror(errno));
+  if (devnull > STDERR_FILENO && close(devnull) < 0) fail("close /dev/null: %s", strerror(errno));
+
+  char record[128];
+  snprintf(record, sizeof record, "%d %llu %d %llu\n", (int)getpid(), self_start, (int)proc_pid, proc_start);
+  /* Not fsynced, as tsbox-shim's: it matters only while the processes it names run. */
+  if (write_file_atomic("pid", record, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
+  created = 0;
+  snprintf(reply, sizeof reply, "ok %d %d\n", (int)getpid(), (int)proc_pid);
+  if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
+  if (close(reply_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
+
+  int rc = serve(sigfd, kill_all, notify);
+  close_fd(&master);
+  close_fd(&relay_out);
+  close_fd(&stdin_hold);
+  close_fd(&stdout_hold);
+  close_fd(&stderr_hold);
+  return exited ? rc : 2;
+}

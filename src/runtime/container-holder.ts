@@ -1,0 +1,312 @@
+import { spawn } from 'node:child_process';
+import { watch } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { createConnection } from 'node:net';
+import { join } from 'node:path';
+import { systemClock } from '../controller/clock.js';
+import type { CallSignal, ExitInfo } from '../controller/types.js';
+import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
+import { readChildAnswer } from './child-answer.js';
+import { parseExitFile } from './process-backend.js';
+import { isSameProcess, signalGroup } from './proc.js';
+
+/**
+ * The per-container holder (native/tsbox-ctr.c), seen from tsbox: it runs `runc create` or
+ * `runc exec`, holds the process's FIFOs and pty, is the process's parent, and writes its exit
+ * to `<dir>/exit`. Everything tsbox needs to find it again is in `<dir>`: a restart of tsbox
+ * ends no container and loses no exit. Not yet used by the daemon.
+ */
+
+/** What the holder writes to `<dir>/pid` before it answers: both pids with their start times. */
+export interface HolderRecord {
+  readonly holderPid: number;
+  readonly holderStart: string;
+  readonly pid: number;
+  readonly pidStart: string;
+}
+
+/** Parses `<dir>/pid`: "<holder-pid> <holder-start> <pid> <pid-start>\n"; undefined when malformed. */
+export function parseHolderRecord(text: string): HolderRecord | undefined {
+  const match = /^([1-9]\d{0,9}) (\d{1,20}) ([1-9]\d{0,9}) (\d{1,20})\n?$/.exec(text);
+  if (match === null) return undefined;
+  const [, holderPid, holderStart, pid, pidStart] = match as unknown as [string, string, string, string, string];
+  return { holderPid: Number(holderPid), holderStart, pid: Number(pid), pidStart };
+}
+
+/**
+ * True when a container made from this OCI config has no pid namespace of its own: none is
+ * listed (the host's), or it joins one by path (a pod that shares its process namespace).
+ * Then the kernel ends nothing else when the container's init ends, and the holder must end
+ * the rest before it records the exit, as the runc shim does (ShouldKillAllOnExit), or CRI's
+ * wait for the output's end never returns.
+ */
+export function sharesPidNamespace(config: unknown): boolean {
+  const namespaces = (config as { linux?: { namespaces?: unknown } } | null)?.linux?.namespaces;
+  if (!Array.isArray(namespaces)) return true;
+  const pid = (namespaces as { type?: unknown; path?: unknown }[]).find((ns) => ns?.type === 'pid');
+  return pid === undefined || (typeof pid.path === 'string' && pid.path !== '');
+}
+
+/** What every holder is given: where it keeps its files, the runc to run, the process's IO. */
+export interface HolderIo {
+  /** The holder's own directory (absolute; `<dir>/ctl` must fit a socket address: < 108 bytes). */
+  readonly dir: string;
+  /** The container id runc knows it by. */
+  readonly id: string;
+  /** runc's state root (absolute), tsbox's own. */
+  readonly root: string;
+  /** FIFO paths as CRI gives them; empty or absent: none (/dev/null). */
+  readonly stdin?: string;
+  readonly stdout?: string;
+  readonly stderr?: string;
+  readonly terminal: boolean;
+  readonly systemdCgroup?: boolean;
+  /** A file the holder creates once the exit file is written (tsbox's exits directory). */
+  readonly notify?: string;
+  readonly holderPath: string;
+  readonly runcPath?: string;
+  /** How long the holder may take to answer (runc create included). */
+  readonly timeoutMs: number;
+  readonly signal?: CallSignal;
+}
+
+export interface CreateOptions extends HolderIo {
+  /** The bundle (absolute), with config.json and the mounted rootfs. */
+  readonly bundle: string;
+  /** The container has no pid namespace of its own: see sharesPidNamespace. */
+  readonly killAll: boolean;
+}
+
+export interface ExecOptions extends HolderIo {
+  /** The OCI process to run in the container; `terminal` is set from the options. */
+  readonly process: Record<string, unknown>;
+}
+
+function ioArgs(io: HolderIo): string[] {
+  const args = ['--dir', io.dir, '--id', io.id, '--root', io.root];
+  for (const [flag, path] of [['--stdin', io.stdin], ['--stdout', io.stdout], ['--stderr', io.stderr]] as const) {
+    if (path !== undefined && path !== '') args.push(flag, path);
+  }
+  if (io.terminal) args.push('--terminal');
+  if (io.systemdCgroup === true) args.push('--systemd-cgroup');
+  if (io.runcPath !== undefined) args.push('--runc', io.runcPath);
+  if (io.notify !== undefined) args.push('--notify', io.notify);
+  return args;
+}
+
+/** Creates the container (runc create, not started): resolves once it exists, with its holder. */
+export function createContainer(options: CreateOptions): Promise<ContainerHolder> {
+  const args = ['create', ...ioArgs(options), '--bundle', options.bundle];
+  if (options.killAll) args.push('--kill-all');
+  return runHolder(options, args, `create container ${options.id}`);
+}
+
+/** Runs a process in a created or running container (runc exec --detach), with its own holder. */
+export async function execProcess(options: ExecOptions): Promise<ContainerHolder> {
+  const spec = join(options.dir, 'process.json');
+  await writeFile(spec, JSON.stringify({ ...options.process, terminal: options.terminal }), { mode: 0o600 });
+  return runHolder(options, ['exec', ...ioArgs(options), '--process', spec], `exec in container ${options.id}`);
+}
+
+async function runHolder(io: HolderIo, args: string[], what: string): Promise<ContainerHolder> {
+  const child = spawn(io.holderPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let answer;
+  try {
+    answer = await readChildAnswer(child, {
+      timeoutMs: io.timeoutMs,
+      timeoutError: () => new TsboxError('DeadlineExceeded', `cannot ${what}: its holder did not answer within ${io.timeoutMs} ms`),
+      spawnError: (e) => new TsboxError('Internal', `cannot run the container holder ${io.holderPath}: ${e.message}`, { cause: e }),
+      ...(io.signal === undefined ? {} : { signal: io.signal, abortError }),
+    });
+  } catch (err) {
+    // A holder that did not answer is ended with runc under it (runc dies with it: PDEATHSIG).
+    if (child.pid !== undefined) signalGroup(child.pid, 'SIGKILL');
+    throw err;
+  }
+  child.unref();
+  const line = answer.kind === 'line' ? answer.line : '';
+  if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot ${what}: ${line.slice(6)}`);
+  const ok = /^ok (\d+) (\d+)$/.exec(line);
+  if (ok === null) {
+    const said = answer.kind === 'line' ? line : `${answer.partial} ${answer.stderr} (it exited: ${answer.exit})`;
+    throw new TsboxError('Internal', `container holder failed: ${(said.trim() || 'no answer').slice(0, 300)}`);
+  }
+  const record = parseHolderRecord((await readIfPresent(join(io.dir, 'pid'))) ?? '');
+  if (record === undefined || record.holderPid !== Number(ok[1]) || record.pid !== Number(ok[2])) {
+    throw new TsboxError('Internal', `container holder ${ok[1]} answered but ${join(io.dir, 'pid')} does not name it`);
+  }
+  return new ContainerHolder(io.dir, record);
+}
+
+/** What findContainerHolder found in a holder's directory. */
+export type FoundHolder =
+  | { readonly kind: 'running'; readonly holder: ContainerHolder }
+  | { readonly kind: 'exited'; readonly exit: ExitInfo }
+  /** No record: the holder never answered, or this is not a holder's directory. */
+  | { readonly kind: 'absent' };
+
+/** The exit when the holder is gone without having written one. */
+function lostExit(): ExitInfo {
+  return { status: 255, exitedAt: systemClock(), reason: 'exit status unknown: the container holder was killed before it could record it' };
+}
+
+/**
+ * Finds a holder again from its directory (after a restart of tsbox): the exit file if it
+ * was written; else the holder, trusted only when its pid still has the recorded start time.
+ */
+export async function findContainerHolder(dir: string): Promise<FoundHolder> {
+  const exit = await readExit(dir);
+  if (exit !== undefined) return { kind: 'exited', exit };
+  const record = parseHolderRecord((await readIfPresent(join(dir, 'pid'))) ?? '');
+  if (record === undefined) return { kind: 'absent' };
+  if (await isSameProcess(record.holderPid, record.holderStart)) return { kind: 'running', holder: new ContainerHolder(dir, record) };
+  // It may have written the exit between the first read and its end.
+  return { kind: 'exited', exit: (await readExit(dir)) ?? lostExit() };
+}
+
+/** Reads `<dir>/exit`; undefined while there is none. A malformed file is an error. */
+export async function readExit(dir: string): Promise<ExitInfo | undefined> {
+  const text = await readIfPresent(join(dir, 'exit'));
+  if (text === undefined) return undefined;
+  const exit = parseExitFile(text);
+  if (exit === undefined) throw new TsboxError('Internal', `unreadable exit file ${join(dir, 'exit')}: ${JSON.stringify(text.slice(0, 80))}`);
+  return exit;
+}
+
+/** How long a control request may take (runc start included). */
+const CONTROL_TIMEOUT_MS = 30_000;
+
+/** One running holder: its control socket and its exit. */
+export class ContainerHolder {
+  constructor(
+    readonly dir: string,
+    readonly record: HolderRecord,
+  ) {}
+
+  /** The container's init (create) or the exec'd process, as a host pid. */
+  get pid(): number {
+    return this.record.pid;
+  }
+
+  /** runc start: the container's process runs. Idempotent while it runs. */
+  async start(signal?: CallSignal): Promise<void> {
+    await this.#request('start', signal);
+  }
+
+  /** Sets the terminal's size; a process without a terminal accepts and ignores it. */
+  async resize(width: number, height: number, signal?: CallSignal): Promise<void> {
+    if (!Number.isInteger(width) || !Number.isInteger(height) || width < 0 || height < 0 || width > 65535 || height > 65535) {
+      throw new TsboxError('InvalidArgument', `terminal size ${width}x${height} is out of range`);
+    }
+    await this.#request(`resize ${width} ${height}`, signal);
+  }
+
+  /** Lets go of the holder's stdin writer: the process sees EOF once CRI's writer closes too. */
+  async closeIO(signal?: CallSignal): Promise<void> {
+    await this.#request('closeio', signal);
+  }
+
+  async #request(line: string, signal: CallSignal | undefined): Promise<string> {
+    const said = await controlRequest(this.dir, line, { timeoutMs: CONTROL_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) });
+    if (said === undefined) throw new TsboxError('NotFound', `process ${this.pid} has exited: its holder no longer listens`);
+    if (said.startsWith('ok')) return said;
+    throw new TsboxError('FailedPrecondition', `${line.split(' ')[0]}: ${said.replace(/^error /, '')}`);
+  }
+
+  /** The exit, once written; undefined while the process runs. */
+  exit(): Promise<ExitInfo | undefined> {
+    return readExit(this.dir);
+  }
+
+  /**
+   * Resolves with the exit once the holder has written it: an inotify watch on the directory
+   * sees the file arrive, and a `wait` on the control socket sees the holder end (its
+   * connection closes), so a holder killed before it could write the exit is noticed too (status
+   * 255). No polling.
+   */
+  waitExit(signal?: CallSignal): Promise<ExitInfo> {
+    return new Promise<ExitInfo>((resolve, reject) => {
+      let done = false;
+      // Opened first: every way to finish closes it.
+      const conn = createConnection(join(this.dir, 'ctl'));
+      const finish = (fn: () => void): void => {
+        if (done) return;
+        done = true;
+        watcher.close();
+        conn.destroy();
+        signal?.removeEventListener('abort', onAbort);
+        fn();
+      };
+      const check = async (holderGone: boolean): Promise<void> => {
+        try {
+          const exit = await readExit(this.dir);
+          if (exit !== undefined) finish(() => resolve(exit));
+          else if (holderGone && !(await isSameProcess(this.record.holderPid, this.record.holderStart))) {
+            const late = await readExit(this.dir);
+            finish(() => resolve(late ?? lostExit()));
+          }
+        } catch (err) {
+          finish(() => reject(err instanceof Error ? err : new Error(messageOf(err))));
+        }
+      };
+      const onAbort = (): void => finish(() => reject(abortError(signal as AbortSignal)));
+      const watcher = watch(this.dir, (_event, name) => {
+        if (name === 'exit') void check(false);
+      });
+      watcher.on('error', (err) => finish(() => reject(new TsboxError('Internal', `cannot watch ${this.dir}: ${err.message}`, { cause: err }))));
+      if (signal?.aborted) {
+        onAbort();
+        return;
+      }
+      signal?.addEventListener('abort', onAbort, { once: true });
+      conn.on('connect', () => conn.write('wait\n'));
+      // Any end of the connection (the holder exited or died, or never listened): look again.
+      conn.on('error', () => void check(true));
+      conn.on('close', () => void check(true));
+      // The exit may have been written before the watch began.
+      void check(false);
+    });
+  }
+}
+
+/**
+ * Sends one request line to a holder's control socket and returns its one-line answer;
+ * undefined when no holder listens there any more (its process has exited).
+ */
+export function controlRequest(dir: string, line: string, options: { timeoutMs: number; signal?: CallSignal }): Promise<string | undefined> {
+  return new Promise((resolve, reject) => {
+    const { signal } = options;
+    let got = '';
+    let done = false;
+    const finish = (fn: () => void): void => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      conn.destroy();
+      fn();
+    };
+    const onAbort = (): void => finish(() => reject(abortError(signal as AbortSignal)));
+    const timer = setTimeout(
+      () => finish(() => reject(new TsboxError('DeadlineExceeded', `the container holder in ${dir} did not answer "${line}" within ${options.timeoutMs} ms`))),
+      options.timeoutMs,
+    );
+    const conn = createConnection(join(dir, 'ctl'));
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener('abort', onAbort, { once: true });
+    conn.setEncoding('utf8');
+    conn.on('connect', () => conn.write(`${line}\n`));
+    conn.on('data', (chunk: string) => {
+      got += chunk;
+      const newline = got.indexOf('\n');
+      if (newline >= 0) finish(() => resolve(got.slice(0, newline)));
+    });
+    conn.on('error', (err) => {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ECONNREFUSED' || code === 'ECONNRESET') finish(() => resolve(undefined));
+      else finish(() => reject(new TsboxError('Internal', `cannot reach the container holder in ${dir}: ${err.message}`, { cause: err })));
+    });
+    // Closed without an answer: the holder ended meanwhile.
+    conn.on('close', () => finish(() => resolve(undefined)));
+  });
+}

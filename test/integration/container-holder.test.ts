@@ -1,0 +1,302 @@
+/**
+ * The per-container holder (native/tsbox-ctr.c) with the real runc and real containers made
+ * from Debian's static busybox: output reaches CRI-style FIFOs, exit codes are recorded, the
+ * holder outlives the Node process that started it and is found again by another, a tty can be
+ * resized, an exec'd process has its own exit, a container in a shared pid namespace takes its
+ * other processes with it, and runc's own error reaches the caller when create fails.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeFileSync, writeSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { isTsboxError } from '../../src/errors.js';
+import {
+  type ContainerHolder,
+  type CreateOptions,
+  createContainer,
+  execProcess,
+  findContainerHolder,
+  sharesPidNamespace,
+} from '../../src/runtime/container-holder.js';
+import { processStat } from '../../src/runtime/proc.js';
+import { repoRoot } from '../support/containerd-clients.js';
+import { makeTempDir, processAlive, removeTree, waitFor } from '../support/processes.js';
+
+const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
+const holderChild = path.join(repoRoot, 'dist', 'test', 'support', 'holder-child.js');
+const busybox = path.join(repoRoot, '.cache', 'busybox', 'bin', 'busybox');
+/** The parent of the cgroups of the shared-pid test's containers (cgroup v1 or v2). */
+const CGROUP_PARENT = 'tsbox-holder-test';
+
+let scratch = '';
+let rootfs = '';
+let runcRoot = '';
+const ids: string[] = [];
+
+/** An OCI bundle running `args` in the busybox root file system. */
+function bundle(id: string, args: string[], edit: (config: Record<string, unknown>) => void = () => undefined): string {
+  const dir = path.join(scratch, `${id}.bundle`);
+  mkdirSync(dir, { recursive: true });
+  execFileSync('runc', ['spec', '--bundle', dir]);
+  const config = JSON.parse(readFileSync(path.join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+  config['root'] = { path: rootfs, readonly: true };
+  config['process'] = { ...(config['process'] as object), args, terminal: false, env: ['PATH=/bin'] };
+  edit(config);
+  writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config));
+  return dir;
+}
+
+function fifo(name: string): string {
+  const p = path.join(scratch, name);
+  execFileSync('mkfifo', ['-m', '0600', p]);
+  return p;
+}
+
+/** Everything written to a FIFO until its last writer closes (as CRI's reader sees it). */
+function readFifo(p: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const cat = spawn('cat', [p], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let text = '';
+    cat.stdout.setEncoding('utf8').on('data', (chunk: string) => (text += chunk));
+    cat.once('error', reject);
+    cat.once('close', () => resolve(text));
+  });
+}
+
+/** Writes to a FIFO that has a reader (the container's), then closes this writer. */
+function writeFifo(p: string, text: string): void {
+  const fd = openSync(p, constants.O_WRONLY | constants.O_NONBLOCK);
+  try {
+    writeSync(fd, text);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function options(id: string, bundleDir: string, io: Partial<CreateOptions> = {}): CreateOptions {
+  ids.push(id);
+  const dir = path.join(scratch, id);
+  mkdirSync(dir, { recursive: true });
+  return { dir, id, root: runcRoot, bundle: bundleDir, terminal: false, killAll: false, holderPath, timeoutMs: 30_000, ...io };
+}
+
+function runcList(): string[] {
+  return (JSON.parse(execFileSync('runc', ['--root', runcRoot, 'list', '--format', 'json'], { encoding: 'utf8' }) || '[]') as { id: string }[] | null ?? []).map((c) => c.id);
+}
+
+/** Resident and proportional memory of a process, in KiB. */
+function memoryOf(pid: number): { rss: number; pss: number } {
+  const text = readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8');
+  const field = (name: string): number => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
+  return { rss: field('Rss'), pss: field('Pss') };
+}
+
+describe('container holder (tsbox-ctr) with runc', () => {
+  before(async () => {
+    assert.ok(existsSync(busybox), `${busybox} not found: run scripts/install-containerd.sh (as root)`);
+    scratch = await makeTempDir('tsbox-holder-');
+    runcRoot = path.join(scratch, 'runc');
+    rootfs = path.join(scratch, 'rootfs');
+    for (const d of ['bin', 'proc', 'sys', 'dev', 'tmp']) mkdirSync(path.join(rootfs, d), { recursive: true });
+    copyFileSync(busybox, path.join(rootfs, 'bin', 'busybox'));
+    for (const applet of ['sh', 'echo', 'sleep', 'stty', 'cat']) symlinkSync('busybox', path.join(rootfs, 'bin', applet));
+  });
+
+  after(async () => {
+    for (const id of ids) {
+      try {
+        execFileSync('runc', ['--root', runcRoot, 'delete', '--force', id], { stdio: 'ignore' });
+      } catch {
+        // Not there any more (deleted by its test, or never created): nothing to remove.
+      }
+    }
+    for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
+      const dir = path.join('/sys/fs/cgroup', hierarchy, CGROUP_PARENT);
+      if (existsSync(dir)) rmdirSync(dir);
+    }
+    if (existsSync(path.join('/sys/fs/cgroup', CGROUP_PARENT))) rmdirSync(path.join('/sys/fs/cgroup', CGROUP_PARENT));
+    await removeTree(scratch);
+  });
+
+  test('output reaches the stdout and stderr FIFOs, and exit code 42 is recorded', async (t) => {
+    const out = fifo('c1-stdout');
+    const err = fifo('c1-stderr');
+    const output = readFifo(out);
+    const errors = readFifo(err);
+    const began = process.hrtime.bigint();
+    const holder = await createContainer(options('c1', bundle('c1', ['sh', '-c', 'echo hello out; echo hello err >&2; exit 42']), { stdout: out, stderr: err }));
+    const createMs = Number(process.hrtime.bigint() - began) / 1e6;
+    const { rss, pss } = memoryOf(holder.record.holderPid);
+    t.diagnostic(`create took ${createMs.toFixed(1)} ms; holder RSS ${rss} KiB, PSS ${pss} KiB`);
+    assert.equal(await holder.exit(), undefined, 'a created container has not exited');
+    assert.deepEqual(runcList(), ['c1']);
+    await holder.start();
+    const exit = await holder.waitExit();
+    assert.equal(exit.status, 42);
+    assert.ok(exit.exitedAt.seconds > 1_600_000_000, 'the exit time is a real time');
+    assert.equal(await output, 'hello out\n');
+    assert.equal(await errors, 'hello err\n');
+    assert.deepEqual(await holder.exit(), exit, 'the exit file says the same');
+    // The holder is done once it has drained and closed everything.
+    await waitFor(() => !processAlive(holder.record.holderPid), { what: 'the holder to exit' });
+  });
+
+  test('the holder outlives the Node process that started it; another one finds it and gets the exit', async () => {
+    const stdin = fifo('c2-stdin');
+    const out = fifo('c2-stdout');
+    const output = readFifo(out);
+    const opts = options('c2', bundle('c2', ['sh', '-c', 'read line; echo "got $line"; exit 7']), { stdin, stdout: out });
+    const child = spawn(process.execPath, [holderChild, JSON.stringify(opts)], { stdio: ['pipe', 'pipe', 'inherit'] });
+    const line = await new Promise<string>((resolve, reject) => {
+      let text = '';
+      child.stdout.setEncoding('utf8').on('data', (chunk: string) => {
+        text += chunk;
+        if (text.includes('\n')) resolve(text.trim());
+      });
+      child.once('error', reject);
+      child.once('exit', (code) => reject(new Error(`the starting process exited (${code}) before it answered: ${text}`)));
+    });
+    const [, holderPid, initPid] = line.split(' ').map(Number);
+    const died = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGKILL');
+    await died;
+
+    assert.ok(processAlive(holderPid ?? 0), 'the holder lives on');
+    const found = await findContainerHolder(opts.dir);
+    assert.equal(found.kind, 'running');
+    const holder = (found as { holder: ContainerHolder }).holder;
+    assert.equal(holder.record.holderPid, holderPid);
+    assert.equal(holder.pid, initPid);
+    const exit = holder.waitExit();
+    writeFifo(stdin, 'hello\n');
+    assert.equal((await exit).status, 7);
+    assert.equal(await output, 'got hello\n');
+    const again = await findContainerHolder(opts.dir);
+    assert.equal(again.kind, 'exited');
+    assert.equal((again as { exit: { status: number } }).exit.status, 7);
+  });
+
+  test('a tty container: its output comes through the relay and resize reaches its terminal', async () => {
+    const stdin = fifo('c3-stdin');
+    const out = fifo('c3-stdout');
+    const output = readFifo(out);
+    const holder = await createContainer(
+      options(
+        'c3',
+        bundle('c3', ['sh', '-c', 'read line; echo "size $(stty size)"; exit 3'], (c) => ((c['process'] as { terminal: boolean }).terminal = true)),
+        { stdin, stdout: out, terminal: true },
+      ),
+    );
+    await holder.start();
+    await holder.resize(100, 40);
+    const exit = holder.waitExit();
+    writeFifo(stdin, 'go\n');
+    assert.equal((await exit).status, 3);
+    const text = await output;
+    assert.match(text, /size 40 100\r?\n/, `terminal output: ${JSON.stringify(text)}`);
+  });
+
+  test('an exec has its own holder and exit code; the container keeps running until killed', async () => {
+    const holder = await createContainer(options('c4', bundle('c4', ['sleep', '1000'])));
+    await holder.start();
+    const out = fifo('c4-exec-stdout');
+    const output = readFifo(out);
+    const execDir = path.join(scratch, 'c4-exec');
+    mkdirSync(execDir);
+    const exec = await execProcess({
+      dir: execDir,
+      id: 'c4',
+      root: runcRoot,
+      stdout: out,
+      terminal: false,
+      holderPath,
+      timeoutMs: 30_000,
+      process: { args: ['sh', '-c', 'echo in exec; exit 5'], cwd: '/', env: ['PATH=/bin'], user: { uid: 0, gid: 0 } },
+    });
+    assert.notEqual(exec.pid, holder.pid);
+    assert.equal((await exec.waitExit()).status, 5);
+    assert.equal(await output, 'in exec\n');
+    assert.equal(await holder.exit(), undefined, 'the container still runs');
+    await assert.rejects(exec.start(), (e: unknown) => isTsboxError(e, 'NotFound'), 'the exec has exited: its holder is gone');
+    execFileSync('runc', ['--root', runcRoot, 'kill', 'c4', 'KILL']);
+    assert.equal((await holder.waitExit()).status, 137);
+  });
+
+  test("a container in another's pid namespace takes its other processes with it when its init ends", async () => {
+    const pod = await createContainer(options('c5-pod', bundle('c5-pod', ['sleep', '1000'])));
+    await pod.start();
+    const stdin = fifo('c5-stdin');
+    const cgroupsPath = `/${CGROUP_PARENT}/c5`;
+    const bundleDir = bundle('c5', ['sh', '-c', 'sleep 1000 & read line; exit 0'], (c) => {
+      const linux = c['linux'] as { namespaces: { type: string; path?: string }[]; cgroupsPath?: string };
+      linux.namespaces = linux.namespaces.map((ns) => (ns.type === 'pid' ? { type: 'pid', path: `/proc/${pod.pid}/ns/pid` } : ns));
+      linux.cgroupsPath = cgroupsPath;
+    });
+    const config = JSON.parse(readFileSync(path.join(bundleDir, 'config.json'), 'utf8')) as unknown;
+    assert.equal(sharesPidNamespace(config), true);
+    const holder = await createContainer(options('c5', bundleDir, { stdin, killAll: sharesPidNamespace(config) }));
+    await holder.start();
+    const procs = ['pids', 'unified', ''].map((h) => path.join('/sys/fs/cgroup', h, cgroupsPath, 'cgroup.procs')).find((p) => existsSync(p));
+    assert.ok(procs !== undefined, 'the container has a cgroup');
+    // The background sleep is forked by the init's shell: no event says when.
+    const background = await waitFor(
+      () => readFileSync(procs, 'utf8').split('\n').map(Number).find((pid) => pid > 0 && pid !== holder.pid),
+      { what: 'the background process' },
+    );
+    const exit = holder.waitExit();
+    writeFifo(stdin, '\n');
+    assert.equal((await exit).status, 0);
+    // Its SIGKILL was sent before the exit was written; it is gone (or a zombie) once it is delivered.
+    await waitFor(async () => (await processStat(background)) === undefined, { what: `background process ${background} to be killed` });
+    assert.equal(await pod.exit(), undefined, "the pod's own process is untouched");
+  });
+
+  test('stdin stays open until closeio: the holder keeps a writer while CRI comes and goes', async () => {
+    const stdin = fifo('c8-stdin');
+    const out = fifo('c8-stdout');
+    const output = readFifo(out);
+    const holder = await createContainer(options('c8', bundle('c8', ['sh', '-c', 'cat; exit 9']), { stdin, stdout: out }));
+    await holder.start();
+    // A writer that comes and goes (CRI restarting) does not end the input.
+    writeFifo(stdin, 'first\n');
+    writeFifo(stdin, 'second\n');
+    const exit = holder.waitExit();
+    await holder.closeIO();
+    assert.equal((await exit).status, 9);
+    assert.equal(await output, 'first\nsecond\n');
+  });
+
+  test('a holder killed before the exit: waitExit reports status 255 at once, found again as lost', async () => {
+    const opts = options('c9', bundle('c9', ['sleep', '1000']));
+    const holder = await createContainer(opts);
+    await holder.start();
+    const exit = holder.waitExit();
+    process.kill(holder.record.holderPid, 'SIGKILL');
+    const lost = await exit;
+    assert.equal(lost.status, 255);
+    assert.match(lost.reason, /holder was killed/);
+    const found = await findContainerHolder(opts.dir);
+    assert.equal(found.kind, 'exited');
+    assert.equal((found as { exit: { status: number } }).exit.status, 255);
+  });
+
+  test("a bad bundle: create fails with runc's own message and leaves nothing", async () => {
+    const empty = path.join(scratch, 'c6.bundle');
+    mkdirSync(empty);
+    const opts = options('c6', empty);
+    await assert.rejects(createContainer(opts), (e: unknown) => {
+      assert.ok(isTsboxError(e, 'FailedPrecondition'), String(e));
+      assert.equal(e.message, 'cannot create container c6: runc create failed: JSON specification file config.json not found');
+      return true;
+    });
+    const opts7 = options('c7', bundle('c7', ['no-such-program']));
+    await assert.rejects(createContainer(opts7), (e: unknown) => {
+      assert.ok(isTsboxError(e, 'FailedPrecondition'), String(e));
+      assert.match(e.message, /^cannot create container c7: runc create failed: unable to start container process: exec: "no-such-program": executable file not found in \$PATH$/);
+      return true;
+    });
+    assert.ok(!runcList().includes('c6') && !runcList().includes('c7'), 'no container is left');
+    assert.equal((await findContainerHolder(opts7.dir)).kind, 'absent', 'no holder record is left');
+  });
+});
