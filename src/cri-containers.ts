@@ -13,6 +13,7 @@
  * containers as running (bounded: a container that really runs, stopped through `ctr` rather
  * than CRI, must not hold a Stop for long).
  */
+import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from 'pino';
 import type { CallSignal, PodContainers } from './controller/types.js';
@@ -75,7 +76,8 @@ export function podContainersFrom(list: ListRunning, close: () => void, options:
           log.warn({ podId, containers: running, waitedMs: Date.now() - started }, 'CRI still counts these containers of the pod as running: Stop answers anyway');
           return;
         }
-        await pause(intervalMs, signal);
+        // Ends early, without an error, when the call's signal fires (checked at the loop's top).
+        await delay(intervalMs, undefined, { signal }).catch(() => undefined);
       }
     },
     close,
@@ -98,16 +100,4 @@ export function criPodContainers(address: string, options: CriContainersOptions)
       );
     });
   return podContainersFrom(list, () => client.close(), options);
-}
-
-function pause(ms: number, signal: CallSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener('abort', done, { once: true });
-  });
 }

@@ -466,3 +466,19 @@ export function waitExit(controller: Pick<Controller, 'listen'>, namespace: stri
     controller.listen(namespace, id, signal, (err, exit) => (err === undefined ? resolve(exit as ExitInfo) : reject(err)));
   });
 }
+
+/** Follows a promise without awaiting it, so a test can see whether it has settled yet. */
+export function track<T>(promise: Promise<T>): { readonly settled: boolean; readonly value: T | undefined; readonly error: unknown } {
+  const state: { settled: boolean; value: T | undefined; error: unknown } = { settled: false, value: undefined, error: undefined };
+  promise.then(
+    (value) => {
+      state.settled = true;
+      state.value = value;
+    },
+    (error: unknown) => {
+      state.settled = true;
+      state.error = error;
+    },
+  );
+  return state;
+}

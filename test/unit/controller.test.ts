@@ -19,6 +19,7 @@ import {
   keyOf,
   makeRecord,
   settle,
+  track,
   until,
   waitExit,
 } from '../support/fakes.js';
@@ -83,22 +84,6 @@ async function giveUpAfter(
   );
   for (const signal of signals) signal.abort(new TsboxError('DeadlineExceeded', 'test gave up'));
   await until(allSettled, 'calls end once their signals fire');
-}
-
-/** Follows a promise without awaiting it, so a test can see whether it has settled yet. */
-function track<T>(promise: Promise<T>): { readonly settled: boolean; readonly value: T | undefined; readonly error: unknown } {
-  const state: { settled: boolean; value: T | undefined; error: unknown } = { settled: false, value: undefined, error: undefined };
-  promise.then(
-    (value) => {
-      state.settled = true;
-      state.value = value;
-    },
-    (error: unknown) => {
-      state.settled = true;
-      state.error = error;
-    },
-  );
-  return state;
 }
 
 async function createAndStart(

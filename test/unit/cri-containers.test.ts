@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 import { pino } from 'pino';
 import { criPodContainers } from '../../src/cri-containers.js';
+import { track } from '../support/fakes.js';
 import {
   ContainerState,
   RuntimeServiceService,
@@ -65,15 +66,6 @@ function capturedLogger(): { logger: pino.Logger; lines: Record<string, unknown>
     },
   });
   return { logger: pino({ level: 'debug' }, sink), lines };
-}
-
-/** Follows a promise, so a test can see whether it has settled yet. */
-function track(promise: Promise<void>): { readonly settled: boolean } {
-  const state = { settled: false };
-  void promise.then(() => {
-    state.settled = true;
-  });
-  return state;
 }
 
 let dir: string;
