@@ -40,8 +40,13 @@
  * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
  * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
  * containers. Helper modes for tsbox:
- *   tsbox-shim umount PATH    detaches whatever is mounted at PATH (at Stop); exit 0 on
+ *   tsbox-shim umount PATH [--all]
+ *                             detaches whatever is mounted at PATH (at Stop; --all: every
+ *                             mount stacked there, a task's rootfs at Delete); exit 0 on
  *                             success, else the reason on stderr and exit 1.
+ *   tsbox-shim mount TARGET TYPE SOURCE [OPTION...]
+ *                             mounts one of containerd's mounts (a task's rootfs) the way
+ *                             containerd does: flag options as flags, the rest as data.
  *   tsbox-shim lock PATH      one tsbox per state directory: opens or creates PATH, takes
  *                             flock(LOCK_EX|LOCK_NB) on it and writes its parent's pid (the
  *                             daemon's) into it, then answers one line on stdout:
@@ -277,16 +282,100 @@ static int lock_mode(const char *path) {
   }
 }
 
+/* A mount option that is a flag (containerd's core/mount table); the rest become data. */
+struct mount_flag {
+  const char *name;
+  int clear;
+  unsigned long flag;
+};
+
+static const struct mount_flag mount_flags[] = {
+    {"async", 1, MS_SYNCHRONOUS},   {"atime", 1, MS_NOATIME},       {"bind", 0, MS_BIND},
+    {"defaults", 0, 0},             {"dev", 1, MS_NODEV},           {"diratime", 1, MS_NODIRATIME},
+    {"dirsync", 0, MS_DIRSYNC},     {"exec", 1, MS_NOEXEC},         {"mand", 0, MS_MANDLOCK},
+    {"noatime", 0, MS_NOATIME},     {"nodev", 0, MS_NODEV},         {"nodiratime", 0, MS_NODIRATIME},
+    {"noexec", 0, MS_NOEXEC},       {"nomand", 1, MS_MANDLOCK},     {"norelatime", 1, MS_RELATIME},
+    {"nostrictatime", 1, MS_STRICTATIME}, {"nosuid", 0, MS_NOSUID}, {"rbind", 0, MS_BIND | MS_REC},
+    {"relatime", 0, MS_RELATIME},   {"remount", 0, MS_REMOUNT},     {"ro", 0, MS_RDONLY},
+    {"rw", 1, MS_RDONLY},           {"strictatime", 0, MS_STRICTATIME}, {"suid", 1, MS_NOSUID},
+    {"sync", 0, MS_SYNCHRONOUS},
+};
+
+static const struct mount_flag propagation_flags[] = {
+    {"private", 0, MS_PRIVATE},       {"rprivate", 0, MS_PRIVATE | MS_REC}, {"shared", 0, MS_SHARED},
+    {"rshared", 0, MS_SHARED | MS_REC}, {"slave", 0, MS_SLAVE},         {"rslave", 0, MS_SLAVE | MS_REC},
+    {"unbindable", 0, MS_UNBINDABLE}, {"runbindable", 0, MS_UNBINDABLE | MS_REC},
+};
+
+static const struct mount_flag *find_flag(const struct mount_flag *table, size_t n, const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(table[i].name, name) == 0) return &table[i];
+  return NULL;
+}
+
+/*
+ * tsbox-shim mount TARGET TYPE SOURCE [OPTION...]: one of containerd's mounts (a task's
+ * rootfs). Options that are mount flags become flags, propagation options a second call, the
+ * rest the data string; a read-only bind is remounted read-only, as the kernel ignores
+ * MS_RDONLY on the bind itself.
+ */
+static int mount_mode(int argc, char **argv) {
+  const char *target = argv[2], *type = argv[3], *source = argv[4];
+  unsigned long flags = 0, propagation = 0;
+  char data[4096];
+  size_t used = 0;
+  data[0] = '\0';
+  for (int i = 5; i < argc; i++) {
+    const struct mount_flag *f = find_flag(mount_flags, sizeof mount_flags / sizeof *mount_flags, argv[i]);
+    const struct mount_flag *p = find_flag(propagation_flags, sizeof propagation_flags / sizeof *propagation_flags, argv[i]);
+    if (f != NULL) {
+      if (f->clear) flags &= ~f->flag;
+      else flags |= f->flag;
+    } else if (p != NULL) {
+      propagation |= p->flag;
+    } else {
+      size_t len = strlen(argv[i]);
+      if (used + len + 2 > sizeof data) {
+        fprintf(stderr, "mount %s on %s: its options are longer than the %zu bytes the kernel takes\n", type, target, sizeof data - 1);
+        return 1;
+      }
+      if (used > 0) data[used++] = ',';
+      memcpy(data + used, argv[i], len + 1);
+      used += len;
+    }
+  }
+  if (mount(source, target, type, flags, used > 0 ? data : NULL) < 0) {
+    fprintf(stderr, "mount %s %s on %s: %s\n", type, source, target, strerror(errno));
+    return 1;
+  }
+  if ((flags & MS_BIND) && (flags & MS_RDONLY) && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC)), NULL) < 0) {
+    fprintf(stderr, "remount %s read-only: %s\n", target, strerror(errno));
+    if (umount2(target, MNT_DETACH) < 0) fprintf(stderr, "unmount %s: %s\n", target, strerror(errno));
+    return 1;
+  }
+  if (propagation != 0 && mount(NULL, target, NULL, propagation, NULL) < 0) {
+    fprintf(stderr, "set the propagation of %s: %s\n", target, strerror(errno));
+    if (umount2(target, MNT_DETACH) < 0) fprintf(stderr, "unmount %s: %s\n", target, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 static int helper_mode(int argc, char **argv) {
-  if (strcmp(argv[1], "umount") == 0 && argc == 3) {
-    if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
-      fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
-      return 1;
+  if (strcmp(argv[1], "umount") == 0 && (argc == 3 || (argc == 4 && strcmp(argv[3], "--all") == 0))) {
+    /* --all: every mount stacked on PATH (and, detached, all below it), until none is left. */
+    for (int i = 0; i < (argc == 4 ? 64 : 1); i++) {
+      if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0) {
+        if (errno == EINVAL || errno == ENOENT) return 0;
+        fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
+        return 1;
+      }
     }
     return 0;
   }
+  if (strcmp(argv[1], "mount") == 0 && argc >= 5) return mount_mode(argc, argv);
   if (strcmp(argv[1], "lock") == 0 && argc == 3) return lock_mode(argv[2]);
-  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim lock PATH\n");
+  fprintf(stderr, "usage: tsbox-shim umount PATH [--all] | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH\n");
   return 2;
 }
 

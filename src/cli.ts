@@ -61,6 +61,8 @@ function addDaemonOptions(cmd: Program): Program {
     .option('--config <file>', `TOML config file (default ${DEFAULT_CONFIG_FILE} if it exists)`)
     .option('--socket <path>', 'unix socket tsbox serves (root: /run/tsbox/tsbox.sock)')
     .option('--socket-mode <mode>', 'socket permissions, octal (0660)')
+    .option('--task-socket <path>', "unix socket where tsbox serves containerd's Task API v3 for --task-api-handlers (root: /run/tsbox/task.sock)")
+    .option('--task-api-handlers <names>', "CRI runtime handlers whose pods' containers tsbox runs itself, without a runc shim per pod (comma-separated, * for all; default none)")
     .option('--state-dir <dir>', 'state directory (root: /var/lib/tsbox)')
     .option('--log-level <level>', 'fatal|error|warn|info|debug|trace|silent (info)')
     .option('--log-format <format>', 'auto|json|pretty: auto is pretty on a terminal, else JSON lines (auto)')
@@ -83,6 +85,8 @@ function addDaemonOptions(cmd: Program): Program {
 const DAEMON_KEYS = [
   'socket',
   'socketMode',
+  'taskSocket',
+  'taskApiHandlers',
   'stateDir',
   'logLevel',
   'logFormat',

@@ -23,6 +23,8 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
   return {
     socket: root ? '/run/tsbox/tsbox.sock' : join(runtimeDir, 'tsbox', 'tsbox.sock'),
     socketMode: 0o660,
+    taskSocket: root ? '/run/tsbox/task.sock' : join(runtimeDir, 'tsbox', 'task.sock'),
+    taskApiHandlers: [],
     stateDir: root ? '/var/lib/tsbox' : join(stateHome, 'tsbox'),
     logLevel: 'info',
     logFormat: 'auto',
@@ -81,6 +83,20 @@ const schema = z
     socket: absolutePath,
     /** Permission bits of the socket. */
     socketMode: mode,
+    /**
+     * Where tsbox serves containerd's Task API v3 (ttrpc) for the containers of pods on the
+     * handlers in taskApiHandlers; containerd is told `ttrpc+unix://<this>`, version 3.
+     */
+    taskSocket: absolutePath,
+    /**
+     * CRI runtime handlers whose pods' containers tsbox runs itself (Task API v3: no runc shim
+     * per pod); `*` for every handler. Pods of any other handler keep the version-2 route, on
+     * which containerd runs the handler's runc shim per pod.
+     */
+    taskApiHandlers: z.preprocess(
+      (v) => (typeof v === 'string' ? v.split(',').map((h) => h.trim()).filter((h) => h !== '') : v),
+      z.array(z.string().regex(/^(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)$/, 'must be CRI runtime handler names (or *)')),
+    ),
     /** Where records, supervisor files and quarantined records live. */
     stateDir: absolutePath,
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
@@ -176,7 +192,7 @@ export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Confi
   const { crashAt: flagCrash, ...fromFlags } = flags;
   if (fileCrash !== undefined || flagCrash !== undefined) problems.push('unknown setting(s): crash_at');
   const merged: Record<string, unknown> = { ...base, ...fromFile, ...fromFlags };
-  for (const key of ['socket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
+  for (const key of ['socket', 'taskSocket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
   }

@@ -1,5 +1,7 @@
 import { existsSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
@@ -21,6 +23,9 @@ import { stateLayout } from './state/layout.js';
 import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
+import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
+import { containerCgroups, hasRecordedTasks, startTaskServer, type TaskServer } from './tasks/serve.js';
+import { containerdTaskEvents } from './task-events.js';
 
 /** A running daemon. */
 export interface Daemon {
@@ -46,6 +51,7 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
     systemd: systemdIsInit() ? new SystemdScopes(() => connectSystemd(systemdLog), systemdLog) : undefined,
     podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
     containerdAddress: config.containerdAddress,
+    taskApi: { address: config.taskSocket, handlers: config.taskApiHandlers },
     startTimeoutMs: config.startTimeoutMs,
     killTimeoutMs: config.killTimeoutMs,
     logger: logger.child({ component: 'process-backend' }),
@@ -85,6 +91,35 @@ function checkContainerShims(config: Config, logger: Logger): void {
       logger.info({ handler: handler.name, runtimeType: handler.runtimeType, shim: handler.shim }, 'CRI runtime handler uses tsbox');
     }
   }
+}
+
+/** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
+async function startTasks(config: Config, logger: Logger): Promise<TaskServer> {
+  const log = logger.child({ component: 'tasks' });
+  const { manager } = detectCgroups();
+  const events = containerdTaskEvents(config.containerdAddress, log);
+  const server = await startTaskServer({
+    logger: log,
+    socket: config.taskSocket,
+    stateDir: config.stateDir,
+    holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
+    runcPath: 'runc',
+    createTimeoutMs: config.startTimeoutMs,
+    rootfs: { mount: (mounts, target, signal) => mountRootfs(config.shimPath, mounts, target, signal), unmount: (target, signal) => unmountRootfs(config.shimPath, target, signal) },
+    events,
+    cgroups: manager === undefined ? undefined : containerCgroups(manager),
+  }).catch((err: unknown) => {
+    events.close();
+    throw err;
+  });
+  return {
+    tasks: server.tasks,
+    async close(drainMs) {
+      await server.close(drainMs);
+      await Promise.race([events.drained(), delay(drainMs)]);
+      events.close();
+    },
+  };
 }
 
 /** The crash-test hook: dies with SIGKILL at the configured point; nothing when unset. */
@@ -143,6 +178,11 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   let metricsServer: MetricsServer | undefined;
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
   const rawBackend = await createBackend(config, logger);
+  // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
+  // listening before containerd may look for it.
+  const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir)))
+    ? await startTasks(config, logger)
+    : undefined;
   const backend = metrics !== undefined ? instrumentBackend(rawBackend, metrics) : rawBackend;
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.
@@ -171,6 +211,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   try {
     await server.listen();
   } catch (err) {
+    await taskServer?.close(0);
     controller.close();
     podContainers.close();
     await store.close();
@@ -184,6 +225,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
     async stop() {
       metrics?.setReady(false);
       await server.close(config.shutdownDrainMs);
+      await taskServer?.close(config.shutdownDrainMs);
       controller.close();
       podContainers.close();
       await store.close();

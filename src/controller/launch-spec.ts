@@ -41,7 +41,7 @@ const ociSpecSchema = z.object({
 const criConfigSchema = z.object({ hostname: z.string().optional() }).loose();
 const criMetadataSchema = z
   .object({
-    Metadata: z.object({ Config: criConfigSchema.nullish() }).loose().optional(),
+    Metadata: z.object({ Config: criConfigSchema.nullish(), RuntimeHandler: z.string().optional() }).loose().optional(),
     Config: criConfigSchema.nullish(),
   })
   .loose();
@@ -91,11 +91,14 @@ export function deriveLaunchSpec(namespace: string, id: string, input: CreateInp
     if (pod.network === 'pod' && pod.hostname !== '') hostname = pod.hostname;
   }
   const metadata = input.extensions['metadata'];
-  if (pod === undefined && metadata !== undefined && isType(metadata.typeUrl, CRI_METADATA)) {
+  let runtimeHandler: string | undefined;
+  if (metadata !== undefined && isType(metadata.typeUrl, CRI_METADATA)) {
     const parsed = criMetadataSchema.safeParse(parseJson('extensions["metadata"]', metadata.value));
     if (parsed.success) {
+      // The CRI runtime handler the pod was asked on: it decides the route of its containers.
+      if (parsed.data.Metadata?.RuntimeHandler) runtimeHandler = parsed.data.Metadata.RuntimeHandler;
       const config = parsed.data.Metadata?.Config ?? parsed.data.Config;
-      if (config?.hostname !== undefined && config.hostname !== '') hostname = config.hostname;
+      if (pod === undefined && config?.hostname !== undefined && config.hostname !== '') hostname = config.hostname;
     }
   }
   if (input.spec !== undefined && isType(input.spec.typeUrl, OCI_SPEC)) {
@@ -128,6 +131,7 @@ export function deriveLaunchSpec(namespace: string, id: string, input: CreateInp
     namespace,
     id,
     ...(hostname === undefined ? {} : { hostname }),
+    ...(runtimeHandler === undefined ? {} : { runtimeHandler }),
     ...(input.netnsPath === '' ? {} : { netnsPath: input.netnsPath }),
     ...(command === undefined ? {} : { command }),
     ...(pod === undefined ? {} : { pod }),

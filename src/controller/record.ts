@@ -33,6 +33,8 @@ export const launchSchema = z.object({
   command: z.object({ args: z.array(z.string()).min(1), env: z.array(z.string()), cwd: z.string() }).optional(),
   /** What a Kubernetes pod asks for (CRI's PodSandboxConfig, pod-spec.ts); absent for other clients. */
   pod: podSpecSchema.optional(),
+  /** The CRI runtime handler of a Kubernetes pod (CRI's sandbox metadata): its containers' route. */
+  runtimeHandler: z.string().optional(),
 });
 
 /**

@@ -36,6 +36,24 @@ export interface CgroupManager {
   remove(path: string, bound: Bound): Promise<void>;
   /** The statistics as an Any of io.containerd.cgroups.v1.Metrics or v2.Metrics. */
   metrics(path: string): Promise<AnyValue>;
+  /**
+   * How many processes of the cgroup the kernel's OOM killer has killed (v2 `memory.events`,
+   * v1 `memory.oom_control`, field `oom_kill`); undefined when the cgroup or the field is gone.
+   */
+  oomKills(path: string): Promise<number | undefined>;
+}
+
+/** The `oom_kill` count of a keyed cgroup file; undefined when the file is gone. */
+async function oomKillsIn(file: string): Promise<number | undefined> {
+  let keyed: Map<string, bigint>;
+  try {
+    keyed = await readKeyed(file);
+  } catch (err) {
+    if (isGone(err)) return undefined;
+    throw withPath(err, file, 'read');
+  }
+  const kills = keyed.get('oom_kill');
+  return kills === undefined ? undefined : Number(kills);
 }
 
 /**
@@ -340,6 +358,10 @@ export class CgroupV1 implements CgroupManager {
     await allOrFirstError(this.#dirs(path, true).map((dir) => removeTree(dir, bound)));
   }
 
+  oomKills(path: string): Promise<number | undefined> {
+    return oomKillsIn(join(this.#dir('memory', path), 'memory.oom_control'));
+  }
+
   async metrics(path: string): Promise<AnyValue> {
     const mem = this.#dir('memory', path);
     const cpu = this.#dir('cpuacct', path);
@@ -610,6 +632,10 @@ export class CgroupV2 implements CgroupManager {
 
   async remove(path: string, bound: Bound): Promise<void> {
     await removeTree(this.#dir(path), bound);
+  }
+
+  oomKills(path: string): Promise<number | undefined> {
+    return oomKillsIn(join(this.#dir(path), 'memory.events'));
   }
 
   async metrics(path: string): Promise<AnyValue> {

@@ -50,6 +50,11 @@ export interface ProcessBackendOptions {
   readonly podFiles: PodFiles | undefined;
   /** containerd's socket, from which its runtime shim names the pod's task socket. */
   readonly containerdAddress: string;
+  /**
+   * The Task API v3 route: pods of these CRI runtime handlers (`*`: all) are told tsbox's own
+   * task socket, version 3, and containerd runs no shim for them.
+   */
+  readonly taskApi?: { readonly address: string; readonly handlers: readonly string[] };
   /** How long the supervisor may take to answer its start handshake. */
   readonly startTimeoutMs: number;
   /** How long a sandbox's processes may take to die of SIGKILL before a clean-up fails. */
@@ -367,10 +372,17 @@ export class ProcessBackend implements RuntimeBackend {
   }
 
   /**
-   * Version 2 (SPEC.md section 7): containerd runs the CRI handler's runtime shim for the
-   * pod's containers itself; the address is the socket that shim serves the pod on.
+   * Version 3 for a pod of a handler on the Task API route: containerd speaks the Task API to
+   * tsbox's task socket. Otherwise version 2 (SPEC.md section 7): containerd runs the CRI
+   * handler's runtime shim for the pod's containers itself; the address is the socket that
+   * shim serves the pod on.
    */
   endpoint(spec: LaunchSpec): TaskEndpoint {
+    const taskApi = this.#opts.taskApi;
+    const handler = spec.runtimeHandler;
+    if (taskApi !== undefined && handler !== undefined && (taskApi.handlers.includes('*') || taskApi.handlers.includes(handler))) {
+      return { address: `ttrpc+unix://${taskApi.address}`, version: 3 };
+    }
     return { address: `ttrpc+unix://${shimSocketPath(this.#opts.containerdAddress, spec.namespace, spec.id)}`, version: 2 };
   }
 

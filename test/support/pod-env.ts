@@ -34,6 +34,8 @@ import {
 } from './tsbox-daemon.js';
 
 export const TSBOX_HANDLER = 'tsbox';
+/** A second handler on tsbox whose pods' containers tsbox runs itself (Task API v3, no runc shim). */
+export const TSBOX_TASK_HANDLER = 'tsbox-task';
 /** containerd's own default handler: podsandbox (a pause container) and runc. */
 export const RUNC_HANDLER = 'runc';
 
@@ -107,7 +109,9 @@ export async function startPodEnv(
       if (options.tsboxMain !== undefined) return { ...cmd, args };
       // As an operator runs it: containerd's config is the only containerd setting; tsbox takes
       // containerd's root, state and socket (all in the private containerd's dir) from it.
-      return { ...cmd, args: [...args, '--containerd-config', c.paths.configPath] };
+      // The Task API route for the pods of TSBOX_TASK_HANDLER, on a socket beside tsbox's own.
+      const taskSocket = path.join(path.dirname(paths.socketPath), 'task.sock');
+      return { ...cmd, args: [...args, '--containerd-config', c.paths.configPath, '--task-socket', taskSocket, '--task-api-handlers', TSBOX_TASK_HANDLER] };
     },
   });
   const work = await makeTempDir('pods-e2e-');
@@ -123,6 +127,9 @@ export async function startPodEnv(
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "podsandbox"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${TSBOX_TASK_HANDLER}]
+  runtime_type = "io.containerd.runc.v2"
+  sandboxer = ${JSON.stringify(TSBOX_HANDLER)}
 ${options.containerdToml ?? ''}`,
     });
     // CNI: containerd's private bin dir gets the Debian plugins, its conf dir our bridge.

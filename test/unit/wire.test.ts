@@ -34,6 +34,9 @@ const OUR_PACKAGES = [
   'containerd.types',
   'containerd.task.v3',
   'containerd.v1.types',
+  'containerd.runc.v1',
+  'containerd.events',
+  'containerd.services.events.v1',
   'io.containerd.cgroups.v1',
   'io.containerd.cgroups.v2',
   'ttrpc',
@@ -48,6 +51,9 @@ const REFERENCE_FILES = [
   'k8s.io/cri-api/pkg/apis/runtime/v1/api.proto',
   'github.com/containerd/containerd/api/runtime/task/v3/shim.proto',
   'github.com/gogo/googleapis/google/rpc/status.proto',
+  'github.com/containerd/containerd/api/types/runc/options/oci.proto',
+  'github.com/containerd/containerd/api/events/task.proto',
+  'github.com/containerd/containerd/api/services/events/v1/events.proto',
 ] as const;
 
 /**

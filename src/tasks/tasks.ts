@@ -1,0 +1,635 @@
+import { createHash } from 'node:crypto';
+import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Logger } from 'pino';
+import { systemClock } from '../controller/clock.js';
+import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
+import { TsboxError, abortError, isGone, isTsboxError, messageOf, readIfPresent, withPath } from '../errors.js';
+import { Options as RuncHandlerOptions } from '../gen/containerd/runc/v1/options.js';
+import type { Mount } from '../gen/containerd/types/mount.js';
+import { Status } from '../gen/containerd/v1/types/task.js';
+import {
+  ContainerHolder,
+  createContainer,
+  execProcess,
+  findContainerHolder,
+  sharesPidNamespace,
+} from '../runtime/container-holder.js';
+import { SerialQueue } from '../serial-queue.js';
+import { runc, type RuncOptions } from './runc.js';
+
+/**
+ * The tasks tsbox runs for containerd's Task API v3 (research notes on the Task API, §2): one
+ * per container, keyed by namespace and id, each with its init process and its execs. A
+ * process is held by its holder (native/tsbox-ctr.c), which is runc's parent, holds the
+ * FIFOs and the tty and writes the exit; tsbox keeps a small record per task and per exec so
+ * that after its own restart it answers for them as before.
+ */
+
+
+/** What Create, Exec and State carry of a process's IO. */
+export interface ProcessIo {
+  readonly stdin: string;
+  readonly stdout: string;
+  readonly stderr: string;
+  readonly terminal: boolean;
+}
+
+export interface CreateRequest extends ProcessIo {
+  readonly id: string;
+  readonly bundle: string;
+  readonly rootfs: readonly Mount[];
+  /** containerd.runc.v1.Options, as the CRI handler sets them. */
+  readonly options: AnyValue | undefined;
+  readonly checkpoint: string;
+}
+
+/** A process's state, for State and Delete. */
+export interface ProcessState extends ProcessIo {
+  readonly id: string;
+  readonly execId: string;
+  readonly bundle: string;
+  readonly pid: number;
+  readonly status: Status;
+  readonly exit: ExitInfo | undefined;
+}
+
+/** Mounts a task's rootfs (Node has no mount(2): a native helper does it). */
+export interface RootfsMounter {
+  mount(mounts: readonly Mount[], target: string, signal?: CallSignal): Promise<void>;
+  unmount(target: string, signal?: CallSignal): Promise<void>;
+}
+
+/** Task events for containerd's event bus (CRI acts on TaskOOM); publishing never fails a call. */
+export interface TaskEvents {
+  created(ns: string, task: { id: string; bundle: string; pid: number }): void;
+  started(ns: string, id: string, pid: number): void;
+  exited(ns: string, id: string, execId: string, pid: number, exit: ExitInfo): void;
+  deleted(ns: string, id: string, pid: number, exit: ExitInfo): void;
+  execAdded(ns: string, id: string, execId: string): void;
+  execStarted(ns: string, id: string, execId: string, pid: number): void;
+  /** Must have reached containerd before the exit is answered (CRI then sets OOMKilled). */
+  oom(ns: string, id: string): Promise<void>;
+}
+
+/** A container's cgroup, found from its init while it lives: OOM kills and stats. */
+export interface ContainerCgroups {
+  /** The cgroup of a live process (as the other two take it); undefined when it is gone. */
+  locate(pid: number): Promise<string | undefined>;
+  /** The kernel's OOM-kill count of the cgroup; undefined when the cgroup is gone. */
+  oomKills(cgroup: string): Promise<number | undefined>;
+  /** cgroups v1 or v2 Metrics of the cgroup, as an Any. */
+  stats(cgroup: string): Promise<AnyValue>;
+}
+
+export interface TaskTableOptions {
+  readonly logger: Logger;
+  /** Where task records and holder directories live (tsbox's state dir + /tasks). */
+  readonly dir: string;
+  /** runc's root for these tasks (a namespace directory is made below it). */
+  readonly runcRoot: string;
+  readonly runcPath: string;
+  readonly holderPath: string;
+  readonly createTimeoutMs: number;
+  readonly rootfs: RootfsMounter;
+  readonly events: TaskEvents;
+  readonly cgroups: ContainerCgroups | undefined;
+}
+
+/** The record of a task, in `<dir>/<key>/task.json`. */
+interface TaskRecord extends ProcessIo {
+  readonly namespace: string;
+  readonly id: string;
+  readonly bundle: string;
+  readonly systemdCgroup: boolean;
+  readonly runcPath: string;
+}
+
+/** The record of an exec, in `<task dir>/<exec key>/exec.json`. */
+interface ExecRecord extends ProcessIo {
+  readonly execId: string;
+  readonly spec: Record<string, unknown>;
+}
+
+/** One process of a task: the init or an exec. */
+class Proc {
+  holder: ContainerHolder | undefined;
+  exit: ExitInfo | undefined;
+  started = false;
+  /** Resolves once the exit is known (and, for an OOM, published). */
+  readonly exited: Promise<ExitInfo>;
+  #resolve!: (exit: ExitInfo) => void;
+
+  constructor(
+    readonly execId: string,
+    readonly dir: string,
+    readonly io: ProcessIo,
+    readonly spec: Record<string, unknown> | undefined,
+  ) {
+    this.exited = new Promise((resolve) => (this.#resolve = resolve));
+  }
+
+  get pid(): number {
+    return this.holder?.pid ?? 0;
+  }
+
+  get status(): Status {
+    if (this.exit !== undefined) return Status.STOPPED;
+    return this.started ? Status.RUNNING : Status.CREATED;
+  }
+
+  settle(exit: ExitInfo): void {
+    if (this.exit !== undefined) return;
+    this.exit = exit;
+    this.#resolve(exit);
+  }
+}
+
+class Task {
+  readonly execs = new Map<string, Proc>();
+  deleted = false;
+  /** The container's cgroup, located at Create (the init's /proc entry is gone after its exit). */
+  cgroup: string | undefined;
+
+  constructor(
+    readonly record: TaskRecord,
+    readonly dir: string,
+    readonly init: Proc,
+  ) {}
+}
+
+/** Short, fixed-length directory names: a holder's control socket path must fit 108 bytes. */
+function shortName(...parts: string[]): string {
+  return createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 16);
+}
+
+/** containerd ids: what runc and the file names accept. */
+const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+function checkId(what: string, id: string): void {
+  if (!ID.test(id)) throw new TsboxError('InvalidArgument', `${what} ${JSON.stringify(id.slice(0, 80))} is not a valid id (letters, digits, '_', '.', '-'; at most 128)`);
+}
+
+async function writeJson(path: string, value: unknown): Promise<void> {
+  await writeFile(`${path}.tmp`, JSON.stringify(value), { mode: 0o600 });
+  await rename(`${path}.tmp`, path);
+}
+
+/** The decoded runc options of a Create; the defaults when none are sent. */
+function runcHandlerOptions(options: AnyValue | undefined): RuncHandlerOptions {
+  if (options === undefined || options.value.length === 0) return RuncHandlerOptions.fromPartial({});
+  if (!options.typeUrl.endsWith('containerd.runc.v1.Options')) {
+    throw new TsboxError('InvalidArgument', `task options of type ${options.typeUrl} are not runc's (containerd.runc.v1.Options)`);
+  }
+  try {
+    return RuncHandlerOptions.decode(options.value);
+  } catch (err) {
+    throw new TsboxError('InvalidArgument', `cannot decode the task's runc options: ${messageOf(err)}`, { cause: err });
+  }
+}
+
+export class TaskTable {
+  readonly #opts: TaskTableOptions;
+  readonly #log: Logger;
+  readonly #tasks = new Map<string, Task>();
+  readonly #queue = new SerialQueue<string>();
+
+  constructor(options: TaskTableOptions) {
+    this.#opts = options;
+    this.#log = options.logger.child({ component: 'tasks' });
+  }
+
+  get size(): number {
+    return this.#tasks.size;
+  }
+
+  #key(ns: string, id: string): string {
+    return `${ns}/${id}`;
+  }
+
+  #runc(record: TaskRecord): RuncOptions {
+    return { runcPath: record.runcPath, root: join(this.#opts.runcRoot, record.namespace), systemdCgroup: record.systemdCgroup };
+  }
+
+  #get(ns: string, id: string): Task {
+    const task = this.#tasks.get(this.#key(ns, id));
+    if (task === undefined || task.deleted) throw new TsboxError('NotFound', `task ${id} not found in namespace ${ns}`);
+    return task;
+  }
+
+  #proc(ns: string, id: string, execId: string): { task: Task; proc: Proc } {
+    const task = this.#get(ns, id);
+    if (execId === '') return { task, proc: task.init };
+    const proc = task.execs.get(execId);
+    if (proc === undefined) throw new TsboxError('NotFound', `process ${execId} not found in task ${id}`);
+    return { task, proc };
+  }
+
+  /** The init's pid of a task, 0 when there is none (Connect never fails). */
+  pidOf(ns: string, id: string): number {
+    const task = this.#tasks.get(this.#key(ns, id));
+    return task === undefined || task.deleted ? 0 : task.init.pid;
+  }
+
+  /**
+   * Create: mounts the rootfs, has a holder run `runc create`, and records the task. The
+   * container exists but has not run anything when this answers. Creating a task that exists
+   * answers its pid (a replayed call is harmless).
+   */
+  create(ns: string, request: CreateRequest, signal: CallSignal): Promise<number> {
+    checkId('task id', request.id);
+    const key = this.#key(ns, request.id);
+    return this.#queue.run(key, async () => {
+      const existing = this.#tasks.get(key);
+      if (existing !== undefined && !existing.deleted) {
+        if (existing.record.bundle === request.bundle) return existing.init.pid;
+        throw new TsboxError('AlreadyExists', `task ${request.id} already exists in namespace ${ns}`);
+      }
+      if (request.checkpoint !== '') throw new TsboxError('FailedPrecondition', `task ${request.id}: restoring from a checkpoint is not supported`);
+      const options = runcHandlerOptions(request.options);
+      let config: unknown;
+      try {
+        config = JSON.parse(await readFile(join(request.bundle, 'config.json'), 'utf8'));
+      } catch (err) {
+        throw new TsboxError('InvalidArgument', `task ${request.id}: cannot read the bundle's config.json: ${messageOf(err)}`, { cause: err });
+      }
+      const dir = join(this.#opts.dir, shortName(ns, request.id));
+      const record: TaskRecord = {
+        namespace: ns,
+        id: request.id,
+        bundle: request.bundle,
+        stdin: request.stdin,
+        stdout: request.stdout,
+        stderr: request.stderr,
+        terminal: request.terminal,
+        systemdCgroup: options.systemdCgroup,
+        runcPath: options.binaryName || this.#opts.runcPath,
+      };
+      const rootfs = join(request.bundle, 'rootfs');
+      await rm(dir, { recursive: true, force: true });
+      await mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
+      await mkdir(join(this.#opts.runcRoot, ns), { recursive: true, mode: 0o700 });
+      let mounted = false;
+      let holder: ContainerHolder | undefined;
+      try {
+        if (request.rootfs.length > 0) {
+          await this.#opts.rootfs.mount(request.rootfs, rootfs, signal);
+          mounted = true;
+        }
+        holder = await createContainer({
+          dir: join(dir, 'init'),
+          id: request.id,
+          root: join(this.#opts.runcRoot, ns),
+          stdin: request.stdin,
+          stdout: request.stdout,
+          stderr: request.stderr,
+          terminal: request.terminal,
+          systemdCgroup: record.systemdCgroup,
+          holderPath: this.#opts.holderPath,
+          runcPath: record.runcPath,
+          timeoutMs: this.#opts.createTimeoutMs,
+          signal,
+          bundle: request.bundle,
+          killAll: sharesPidNamespace(config),
+        });
+        await writeJson(join(dir, 'task.json'), record);
+        const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
+        task.init.holder = holder;
+        task.cgroup = await this.#locate(holder.pid);
+        this.#tasks.set(key, task);
+        this.#watch(task, task.init);
+        this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
+        return holder.pid;
+      } catch (err) {
+        if (holder !== undefined) {
+          await runc(this.#runc(record), ['delete', '--force', request.id]).catch((e: unknown) => this.#log.error({ err: e, id: request.id }, 'cannot delete the container of a failed create'));
+        }
+        if (mounted) await this.#opts.rootfs.unmount(rootfs).catch((e: unknown) => this.#log.error({ err: e, rootfs }, 'cannot unmount the rootfs of a failed create'));
+        await rm(dir, { recursive: true, force: true }).catch((e: unknown) => this.#log.error({ err: e, dir }, 'cannot remove a failed task\'s directory'));
+        throw err;
+      }
+    });
+  }
+
+  async #locate(pid: number): Promise<string | undefined> {
+    try {
+      return await this.#opts.cgroups?.locate(pid);
+    } catch (err) {
+      this.#log.warn({ err, pid }, 'cannot find a container\'s cgroup: no stats or OOM reports for it');
+      return undefined;
+    }
+  }
+
+  /** Follows a process's exit: from its holder, then (init) an OOM published first. */
+  #watch(task: Task, proc: Proc): void {
+    const holder = proc.holder;
+    if (holder === undefined) return;
+    holder.waitExit().then(
+      async (exit) => {
+        const ns = task.record.namespace;
+        if (proc.execId === '' && this.#opts.cgroups !== undefined) await this.#reportOom(task, exit);
+        proc.settle(exit);
+        this.#opts.events.exited(ns, task.record.id, proc.execId, proc.pid, exit);
+      },
+      (err: unknown) => {
+        this.#log.error({ err, id: task.record.id, execId: proc.execId }, 'cannot follow a process\'s exit; reporting status 255');
+        proc.settle({ status: 255, exitedAt: systemClock(), reason: `exit unknown: ${messageOf(err)}` });
+      },
+    );
+  }
+
+  /** An init killed by the OOM killer: TaskOOM reaches containerd before its Wait is answered. */
+  async #reportOom(task: Task, exit: ExitInfo): Promise<void> {
+    if (exit.status !== 137 || task.cgroup === undefined) return;
+    try {
+      const kills = await this.#opts.cgroups?.oomKills(task.cgroup);
+      if (kills !== undefined && kills > 0) await this.#opts.events.oom(task.record.namespace, task.record.id);
+    } catch (err) {
+      this.#log.warn({ err, id: task.record.id }, 'cannot tell whether the container was OOM-killed');
+    }
+  }
+
+  /** Start: the init runs (runc start), or an exec's process is started in the container. */
+  start(ns: string, id: string, execId: string, signal: CallSignal): Promise<number> {
+    return this.#queue.run(this.#key(ns, id), async () => {
+      const { task, proc } = this.#proc(ns, id, execId);
+      if (proc.exit !== undefined) throw new TsboxError('FailedPrecondition', `process ${execId || id} has already exited`);
+      if (execId === '') {
+        await (proc.holder as ContainerHolder).start(signal);
+        proc.started = true;
+        this.#opts.events.started(ns, id, proc.pid);
+        return proc.pid;
+      }
+      if (proc.started) return proc.pid;
+      if (task.init.exit !== undefined || !task.init.started) {
+        throw new TsboxError('FailedPrecondition', `cannot start process ${execId}: the container's init is ${task.init.exit === undefined ? 'not running' : 'gone'}`);
+      }
+      try {
+        proc.holder = await execProcess({
+          dir: proc.dir,
+          id,
+          root: join(this.#opts.runcRoot, ns),
+          stdin: proc.io.stdin,
+          stdout: proc.io.stdout,
+          stderr: proc.io.stderr,
+          terminal: proc.io.terminal,
+          systemdCgroup: task.record.systemdCgroup,
+          holderPath: this.#opts.holderPath,
+          runcPath: task.record.runcPath,
+          timeoutMs: this.#opts.createTimeoutMs,
+          signal,
+          process: proc.spec ?? {},
+        });
+      } catch (err) {
+        // Waits on a process that never ran end now, as the runc shim ends them.
+        proc.settle({ status: 255, exitedAt: systemClock(), reason: `never started: ${messageOf(err)}` });
+        throw err;
+      }
+      proc.started = true;
+      this.#watch(task, proc);
+      this.#opts.events.execStarted(ns, id, execId, proc.pid);
+      return proc.pid;
+    });
+  }
+
+  /** Exec: records the process to run; it runs at Start. */
+  exec(ns: string, id: string, execId: string, io: ProcessIo, spec: AnyValue | undefined): Promise<void> {
+    checkId('exec id', execId);
+    return this.#queue.run(this.#key(ns, id), async () => {
+      const task = this.#get(ns, id);
+      if (task.execs.has(execId)) throw new TsboxError('AlreadyExists', `process ${execId} already exists in task ${id}`);
+      if (task.init.exit !== undefined) throw new TsboxError('FailedPrecondition', `cannot exec in task ${id}: its init has exited`);
+      let process: Record<string, unknown>;
+      try {
+        const parsed: unknown = JSON.parse(Buffer.from(spec?.value ?? []).toString('utf8'));
+        if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
+        process = parsed as Record<string, unknown>;
+      } catch (err) {
+        throw new TsboxError('InvalidArgument', `exec ${execId}: the process spec is not an OCI process in JSON: ${messageOf(err)}`, { cause: err });
+      }
+      const dir = join(task.dir, `e-${shortName(execId)}`);
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      const record: ExecRecord = { execId, spec: process, ...io };
+      await writeJson(join(dir, 'exec.json'), record);
+      task.execs.set(execId, new Proc(execId, dir, io, process));
+      this.#opts.events.execAdded(ns, id, execId);
+    });
+  }
+
+  state(ns: string, id: string, execId: string): ProcessState {
+    const { task, proc } = this.#proc(ns, id, execId);
+    return { id: execId || id, execId, bundle: task.record.bundle, pid: proc.pid, status: proc.status, exit: proc.exit, ...proc.io };
+  }
+
+  /** Wait: resolves with the exit once the process has one; ends early with the call's signal. */
+  async wait(ns: string, id: string, execId: string, signal: CallSignal): Promise<ExitInfo> {
+    const { proc } = this.#proc(ns, id, execId);
+    if (proc.exit !== undefined) return proc.exit;
+    return new Promise<ExitInfo>((resolve, reject) => {
+      const onAbort = (): void => reject(abortError(signal));
+      if (signal.aborted) {
+        onAbort();
+        return;
+      }
+      signal.addEventListener('abort', onAbort, { once: true });
+      void proc.exited.then((exit) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(exit);
+      });
+    });
+  }
+
+  /**
+   * Kill: the init through runc (`all`: every process of the container), an exec's process by
+   * its pid. A process that has exited is NotFound; an exec never started is
+   * FailedPrecondition, as containerd's client expects.
+   */
+  async kill(ns: string, id: string, execId: string, signalNumber: number, all: boolean, signal: CallSignal): Promise<void> {
+    if (!Number.isInteger(signalNumber) || signalNumber <= 0 || signalNumber > 64) {
+      throw new TsboxError('InvalidArgument', `signal ${signalNumber} is not a signal number`);
+    }
+    const { task, proc } = this.#proc(ns, id, execId);
+    if (proc.exit !== undefined) throw new TsboxError('NotFound', `process ${execId || id} has already finished`);
+    if (execId === '') {
+      await runc(this.#runc(task.record), ['kill', ...(all ? ['--all'] : []), id, String(signalNumber)], { signal });
+      return;
+    }
+    if (proc.holder === undefined) throw new TsboxError('FailedPrecondition', `process ${execId} has not been started`);
+    try {
+      process.kill(proc.pid, signalNumber);
+    } catch (err) {
+      if (isGone(err)) throw new TsboxError('NotFound', `process ${execId} has already finished`);
+      throw new TsboxError('Internal', `cannot signal process ${execId} (pid ${proc.pid}): ${messageOf(err)}`, { cause: err });
+    }
+  }
+
+  /**
+   * Delete: an exec that has exited or never started is forgotten; the init must not be
+   * running: its container is deleted from runc, the rootfs unmounted, the record removed.
+   */
+  delete(ns: string, id: string, execId: string, signal: CallSignal): Promise<{ pid: number; exit: ExitInfo }> {
+    return this.#queue.run(this.#key(ns, id), async () => {
+      const { task, proc } = this.#proc(ns, id, execId);
+      if (proc.status === Status.RUNNING) throw new TsboxError('FailedPrecondition', `cannot delete process ${execId || id}: it is running`);
+      if (execId !== '') {
+        task.execs.delete(execId);
+        await rm(proc.dir, { recursive: true, force: true });
+        return { pid: proc.pid, exit: proc.exit ?? { status: 0, exitedAt: systemClock(), reason: 'never started' } };
+      }
+      // A created container that never ran: runc delete --force kills its init first.
+      await runc(this.#runc(task.record), ['delete', '--force', id], { signal }).catch((err: unknown) => {
+        if (!isTsboxError(err, 'NotFound')) throw err;
+      });
+      const exit = proc.exit ?? (await this.#settledWithin(proc, 10_000)) ?? { status: 255, exitedAt: systemClock(), reason: 'deleted before it exited' };
+      task.deleted = true;
+      this.#tasks.delete(this.#key(ns, id));
+      for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
+      await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
+      await rm(task.dir, { recursive: true, force: true });
+      this.#opts.events.deleted(ns, id, proc.pid, exit);
+      return { pid: proc.pid, exit };
+    });
+  }
+
+  async #settledWithin(proc: Proc, ms: number): Promise<ExitInfo | undefined> {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), ms)));
+    try {
+      return await Promise.race([proc.exited, timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async resize(ns: string, id: string, execId: string, width: number, height: number, signal: CallSignal): Promise<void> {
+    const { proc } = this.#proc(ns, id, execId);
+    if (proc.holder === undefined || proc.exit !== undefined) return;
+    await proc.holder.resize(width, height, signal).catch((err: unknown) => {
+      if (!isTsboxError(err, 'NotFound')) throw err; // exited meanwhile: nothing to resize
+    });
+  }
+
+  async closeIO(ns: string, id: string, execId: string, signal: CallSignal): Promise<void> {
+    const { proc } = this.#proc(ns, id, execId);
+    if (proc.holder === undefined || proc.exit !== undefined) return;
+    await proc.holder.closeIO(signal).catch((err: unknown) => {
+      if (!isTsboxError(err, 'NotFound')) throw err; // exited meanwhile: its stdin is closed
+    });
+  }
+
+  /**
+   * Pids: the container's processes from runc. A stopped init that is not deleted yet answers
+   * its own pid, so that containerd, loading tasks after its restart, keeps the task and
+   * later reads its real exit code (runc would answer none, and containerd would drop it).
+   */
+  async pids(ns: string, id: string, signal: CallSignal): Promise<{ pid: number; execId: string }[]> {
+    const task = this.#get(ns, id);
+    if (task.init.exit !== undefined) return [{ pid: task.init.pid, execId: '' }];
+    const out = await runc(this.#runc(task.record), ['ps', '--format', 'json', id], { signal });
+    let pids: unknown;
+    try {
+      pids = JSON.parse(out || '[]');
+    } catch (err) {
+      throw new TsboxError('Internal', `runc ps answered what is not JSON: ${out.slice(0, 80)}`, { cause: err });
+    }
+    const execOf = new Map<number, string>();
+    for (const exec of task.execs.values()) if (exec.pid > 0 && exec.exit === undefined) execOf.set(exec.pid, exec.execId);
+    return (Array.isArray(pids) ? pids : []).filter((p): p is number => Number.isInteger(p)).map((pid) => ({ pid, execId: execOf.get(pid) ?? '' }));
+  }
+
+  async stats(ns: string, id: string): Promise<AnyValue> {
+    const task = this.#get(ns, id);
+    if (this.#opts.cgroups === undefined) throw new TsboxError('Unimplemented', 'no cgroups on this host');
+    if (task.cgroup === undefined) throw new TsboxError('NotFound', `task ${id}: its cgroup is not known`);
+    return this.#opts.cgroups.stats(task.cgroup);
+  }
+
+  /** Update: new resources (an OCI LinuxResources in JSON) through runc update. */
+  async update(ns: string, id: string, resources: AnyValue | undefined, signal: CallSignal): Promise<void> {
+    const task = this.#get(ns, id);
+    if (task.init.exit !== undefined) throw new TsboxError('NotFound', `task ${id} has exited`);
+    const json = Buffer.from(resources?.value ?? []).toString('utf8');
+    try {
+      JSON.parse(json);
+    } catch (err) {
+      throw new TsboxError('InvalidArgument', `task ${id}: the resources are not an OCI LinuxResources in JSON: ${messageOf(err)}`, { cause: err });
+    }
+    await runc(this.#runc(task.record), ['update', '--resources', '-', id], { input: json, signal });
+  }
+
+  async pause(ns: string, id: string, resume: boolean, signal: CallSignal): Promise<void> {
+    const task = this.#get(ns, id);
+    if (task.init.status !== Status.RUNNING) throw new TsboxError('FailedPrecondition', `task ${id} is not running`);
+    await runc(this.#runc(task.record), [resume ? 'resume' : 'pause', id], { signal });
+  }
+
+  /**
+   * Reads the tasks back from their records after a restart of tsbox: each process's holder
+   * is found by its recorded pid and start time, or its exit file.
+   */
+  async recover(): Promise<void> {
+    let names: string[];
+    try {
+      names = await readdir(this.#opts.dir);
+    } catch (err) {
+      if (isGone(err)) return;
+      throw withPath(err, this.#opts.dir, 'list');
+    }
+    for (const name of names) {
+      const dir = join(this.#opts.dir, name);
+      try {
+        await this.#recoverTask(dir);
+      } catch (err) {
+        this.#log.error({ err, dir }, 'cannot recover a task; its record is left as it is');
+      }
+    }
+    if (this.#tasks.size > 0) this.#log.info({ tasks: this.#tasks.size }, 'tasks recovered');
+  }
+
+  async #recoverTask(dir: string): Promise<void> {
+    const text = await readIfPresent(join(dir, 'task.json'));
+    if (text === undefined) {
+      // A Create that did not finish: nothing was answered, nothing to keep.
+      await rm(dir, { recursive: true, force: true });
+      return;
+    }
+    const record = JSON.parse(text) as TaskRecord;
+    const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
+    await this.#recoverProc(task, task.init);
+    if (task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
+    for (const name of await readdir(dir)) {
+      if (!name.startsWith('e-')) continue;
+      const execText = await readIfPresent(join(dir, name, 'exec.json'));
+      if (execText === undefined) continue;
+      const exec = JSON.parse(execText) as ExecRecord;
+      const proc = new Proc(exec.execId, join(dir, name), exec, exec.spec);
+      await this.#recoverProc(task, proc);
+      task.execs.set(exec.execId, proc);
+    }
+    this.#tasks.set(this.#key(record.namespace, record.id), task);
+  }
+
+  async #recoverProc(task: Task, proc: Proc): Promise<void> {
+    const found = await findContainerHolder(proc.dir);
+    if (found.kind === 'absent') return;
+    if (found.kind === 'exited') {
+      proc.started = true;
+      proc.settle(found.exit);
+      return;
+    }
+    proc.holder = found.holder;
+    // A running init has been started unless runc still says created.
+    proc.started = proc.execId !== '' || (await this.#runcStatus(task)) !== 'created';
+    this.#watch(task, proc);
+  }
+
+  async #runcStatus(task: Task): Promise<string | undefined> {
+    try {
+      const state = JSON.parse(await runc(this.#runc(task.record), ['state', task.record.id])) as { status?: unknown };
+      return typeof state.status === 'string' ? state.status : undefined;
+    } catch (err) {
+      this.#log.warn({ err, id: task.record.id }, 'cannot read runc state of a recovered task');
+      return undefined;
+    }
+  }
+}

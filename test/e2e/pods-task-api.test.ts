@@ -1,0 +1,123 @@
+/**
+ * Pods whose containers tsbox runs itself: the CRI handler `tsbox-task` is on tsbox's Task API
+ * route, so Start answers tsbox's task socket with version 3 and containerd speaks the Task API
+ * to tsbox for every container, with no runc shim per pod. End to end through containerd's CRI
+ * plugin: containers, exec, logs, exit codes, stop with a grace period, stats, OOM, restarts of
+ * containerd with containers running, and nothing of the pod left after it.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+import { before, describe, test } from 'node:test';
+import { createSandboxClients } from '../support/containerd-clients.js';
+import { type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
+import { waitFor } from '../support/tsbox-daemon.js';
+
+const CRI_NS = 'k8s.io';
+
+/** The container holders (tsbox-ctr) running now, by the container id on their command line. */
+function holders(): string[] {
+  const out: string[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+      if (path.basename(argv[0] ?? '') === 'tsbox-ctr') out.push(argv[argv.indexOf('--id') + 1] ?? '?');
+    } catch {
+      continue; // the process ended meanwhile
+    }
+  }
+  return out;
+}
+
+describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { timeout: 600_000 }, () => {
+  const harness = usePodEnv();
+  const { withLogs, runPod, startContainer, exec, sh, removePod, assertNothingLeft } = harness;
+  let env: PodEnv;
+  before(() => {
+    env = harness.env;
+  });
+
+  async function containerState(id: string): Promise<{ state: string; exitCode: number; reason: string; pid: number }> {
+    const { status, info } = await env.cri.call('ContainerStatus', { container_id: id, verbose: true });
+    assert.ok(status);
+    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
+    return { state: status.state, exitCode: status.exit_code, reason: status.reason, pid };
+  }
+
+  const taskSocket = (): string => path.join(path.dirname(env.tsbox.socketPath), 'task.sock');
+
+  test('containers run with no runc shim: the task endpoint is tsbox\'s, version 3; exec, logs, exit codes, SIGTERM on stop, stats; nothing left', () =>
+    withLogs(async () => {
+      const config = env.podConfig('direct');
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
+      try {
+        const status = await direct.controller.call('Status', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
+        assert.equal(status.address, `ttrpc+unix://${taskSocket()}`);
+        assert.equal(status.version, 3);
+      } finally {
+        direct.close();
+      }
+
+      const c1 = await startContainer(id, config, 'c1', 'echo hello-from-c1; trap "echo got-term; exit 3" TERM; while true; do sleep 0.2; done');
+      const c2 = await startContainer(id, config, 'c2', 'exec sleep 100000');
+      assert.deepEqual(runcShimsOf(env), [], 'containerd started no runc shim');
+      assert.deepEqual(holders().filter((h) => h === c1 || h === c2).sort(), [c1, c2].sort(), 'one holder per container');
+      assert.equal((await containerState(c1)).state, 'CONTAINER_RUNNING');
+      const pid2 = (await containerState(c2)).pid;
+      assert.equal(readFileSync(`/proc/${pid2}/cmdline`, 'utf8').split('\0').join(' ').trim(), 'sleep 100000', 'ContainerStatus names the container\'s own process');
+
+      // In the pod's namespaces, with pid 1 the sandbox process.
+      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
+      assert.match(await sh(c1, 'ps -o pid,args'), /sleep 100000/, 'c1 sees c2\'s process');
+      const ns = async (c: string): Promise<string> => sh(c, 'for n in net ipc uts pid; do readlink /proc/self/ns/$n; done');
+      assert.equal(await ns(c1), await ns(c2));
+
+      // Exec: exit codes and both streams.
+      const r = await exec(c1, ['/bin/sh', '-c', 'echo out; echo err >&2; exit 7']);
+      assert.deepEqual(r, { stdout: 'out\n', stderr: 'err\n', code: 7 });
+
+      // Logs in CRI's format.
+      const log1 = path.join(config.log_directory ?? '', 'c1.log');
+      await waitFor(() => readFileSync(log1, 'utf8').includes('hello-from-c1'), { what: 'c1 log line' });
+      assert.match(readFileSync(log1, 'utf8'), /^\S+ stdout F hello-from-c1$/m);
+
+      // Stats from the container's cgroup.
+      const stats = await env.cri.call('ContainerStats', { container_id: c1 });
+      assert.equal(stats.stats?.attributes?.id, c1);
+      assert.ok(Number(stats.stats?.memory?.working_set_bytes?.value ?? 0) > 0, `c1 memory: ${JSON.stringify(stats.stats?.memory)}`);
+
+      // StopContainer with a grace period: SIGTERM first, the container's own exit code.
+      await env.cri.call('StopContainer', { container_id: c1, timeout: 20 }, { timeoutMs: 60_000 });
+      const stopped = await containerState(c1);
+      assert.equal(stopped.state, 'CONTAINER_EXITED');
+      assert.equal(stopped.exitCode, 3);
+      await waitFor(() => readFileSync(log1, 'utf8').includes('got-term'), { what: 'c1 logged its SIGTERM' });
+      assert.equal((await containerState(c2)).state, 'CONTAINER_RUNNING', 'the other container is untouched');
+
+      await removePod(id, [c1, c2]);
+      await assertNothingLeft(id, [c1, c2]);
+      assert.deepEqual(holders().filter((h) => h === c1 || h === c2), [], 'no holder left');
+      assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'tasks')), [], 'no task record left');
+    }));
+
+  test('a container that exits by itself reports its code; containerd restarted with a container running keeps it: exec, stop after', () =>
+    withLogs(async () => {
+      const config = env.podConfig('restart');
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      const quick = await startContainer(id, config, 'quick', 'exit 42');
+      await waitFor(async () => (await containerState(quick)).state === 'CONTAINER_EXITED', { what: 'quick exited' });
+      assert.equal((await containerState(quick)).exitCode, 42);
+      const c = await startContainer(id, config, 'long', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
+      const pid = (await containerState(c)).pid;
+      await env.containerd.restart();
+      assert.equal((await containerState(c)).state, 'CONTAINER_RUNNING', 'still running after containerd restarted');
+      assert.equal((await containerState(c)).pid, pid, 'the same process');
+      assert.equal((await exec(c, ['/bin/sh', '-c', 'exit 4'])).code, 4, 'exec works after the restart');
+      await env.cri.call('StopContainer', { container_id: c, timeout: 10 }, { timeoutMs: 60_000 });
+      assert.equal((await containerState(c)).exitCode, 0, 'the exit after the restart reached CRI with its own code');
+      await removePod(id, [quick, c]);
+      await assertNothingLeft(id, [quick, c]);
+    }));
+});

@@ -1,0 +1,278 @@
+/**
+ * The Task API v3 as tsbox serves it, over a real ttrpc socket, with the real runc, the
+ * container holder and a real rootfs mount, driven call by call as containerd's CRI drives
+ * it (research notes on the Task API, §1.4): Create, Connect, Wait before Start, Start, State,
+ * Kill, Delete; Exec; the codes containerd acts on; a restart of the task table that finds
+ * its containers again.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import pino from 'pino';
+import { GRPC_CODES } from '../../src/errors.js';
+import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
+import { Status } from '../../src/gen/containerd/v1/types/task.js';
+import { Options as RuncOptions } from '../../src/gen/containerd/runc/v1/options.js';
+import { mountRootfs, unmountRootfs } from '../../src/tasks/rootfs.js';
+import { registerTaskService } from '../../src/tasks/task-service.js';
+import { TaskTable, type TaskEvents } from '../../src/tasks/tasks.js';
+import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
+import { TtrpcServer } from '../../src/ttrpc/server.js';
+import { repoRoot } from '../support/containerd-clients.js';
+import { makeTempDir, processAlive, removeTree, unmountBelow } from '../support/processes.js';
+
+const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
+const shimPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-shim');
+const busybox = path.join(repoRoot, '.cache', 'busybox', 'bin', 'busybox');
+const NS = 'k8s.io';
+const META = { 'containerd-namespace-ttrpc': NS };
+
+let scratch = '';
+let image = '';
+
+/** Events as a list, to check what reached "containerd". */
+function recordingEvents(): TaskEvents & { seen: string[] } {
+  const seen: string[] = [];
+  return {
+    seen,
+    created: (_ns, t) => void seen.push(`create ${t.id}`),
+    started: (_ns, id) => void seen.push(`start ${id}`),
+    exited: (_ns, id, execId, _pid, exit) => void seen.push(`exit ${execId || id} ${exit.status}`),
+    deleted: (_ns, id) => void seen.push(`delete ${id}`),
+    execAdded: (_ns, _id, execId) => void seen.push(`exec-added ${execId}`),
+    execStarted: (_ns, _id, execId) => void seen.push(`exec-started ${execId}`),
+    oom: (_ns, id) => Promise.resolve(void seen.push(`oom ${id}`)),
+  };
+}
+
+interface Served {
+  readonly client: TtrpcClient;
+  readonly server: TtrpcServer;
+  readonly events: ReturnType<typeof recordingEvents>;
+  readonly table: TaskTable;
+}
+
+async function serve(name: string): Promise<Served> {
+  const events = recordingEvents();
+  const table = new TaskTable({
+    logger: pino({ level: 'silent' }),
+    dir: path.join(scratch, 'tasks'),
+    runcRoot: path.join(scratch, 'runc'),
+    runcPath: 'runc',
+    holderPath,
+    createTimeoutMs: 30_000,
+    rootfs: { mount: (m, t, s) => mountRootfs(shimPath, m, t, s), unmount: (t, s) => unmountRootfs(shimPath, t, s) },
+    events,
+    cgroups: undefined,
+  });
+  await table.recover();
+  const server = new TtrpcServer({ logger: pino({ level: 'silent' }) });
+  registerTaskService(server, table);
+  const socket = path.join(scratch, `${name}.sock`);
+  await server.listen(socket, 0o600);
+  return { client: await TtrpcClient.connect(socket), server, events, table };
+}
+
+/** A bundle as containerd makes one: config.json and an empty rootfs to mount into. */
+function bundle(id: string, args: string[]): string {
+  const dir = path.join(scratch, 'bundles', id);
+  mkdirSync(path.join(dir, 'rootfs'), { recursive: true });
+  execFileSync('runc', ['spec', '--bundle', dir]);
+  const config = JSON.parse(readFileSync(path.join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+  config['root'] = { path: 'rootfs', readonly: true };
+  config['process'] = { ...(config['process'] as object), args, terminal: false, env: ['PATH=/bin'] };
+  writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config));
+  return dir;
+}
+
+function fifo(name: string): string {
+  const p = path.join(scratch, name);
+  execFileSync('mkfifo', ['-m', '0600', p]);
+  return p;
+}
+
+/** Everything written to a FIFO until its last writer closes (as CRI's reader sees it). */
+function readFifo(p: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const cat = spawn('cat', [p], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let text = '';
+    cat.stdout.setEncoding('utf8').on('data', (chunk: string) => (text += chunk));
+    cat.once('error', reject);
+    cat.once('close', () => resolve(text));
+  });
+}
+
+function createRequest(id: string, args: string[], io: { stdout?: string } = {}) {
+  return {
+    id,
+    bundle: bundle(id, args),
+    rootfs: [{ type: 'bind', source: image, target: '', options: ['rbind', 'ro'] }],
+    terminal: false,
+    stdin: '',
+    stdout: io.stdout ?? '',
+    stderr: '',
+    checkpoint: '',
+    parentCheckpoint: '',
+    options: { typeUrl: 'containerd.runc.v1.Options', value: Buffer.from(RuncOptions.encode(RuncOptions.fromPartial({})).finish()) },
+  };
+}
+
+async function codeOf(call: Promise<unknown>): Promise<number> {
+  try {
+    await call;
+  } catch (err) {
+    assert.ok(err instanceof TtrpcError, `a ttrpc error, got ${String(err)}`);
+    return err.code;
+  }
+  assert.fail('the call succeeded');
+}
+
+function runcList(): string[] {
+  const out = execFileSync('runc', ['--root', path.join(scratch, 'runc', NS), 'list', '--format', 'json'], { encoding: 'utf8' });
+  return ((JSON.parse(out || '[]') as { id: string }[] | null) ?? []).map((c) => c.id);
+}
+
+function mountedBelow(dir: string): boolean {
+  return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((line) => (line.split(' ')[4] ?? '').startsWith(dir));
+}
+
+describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
+  const open: Served[] = [];
+  before(async () => {
+    assert.ok(existsSync(busybox), `${busybox} not found: run scripts/install-containerd.sh (as root)`);
+    scratch = await makeTempDir('tsbox-tasks-');
+    image = path.join(scratch, 'image');
+    for (const d of ['bin', 'proc', 'sys', 'dev', 'tmp']) mkdirSync(path.join(image, d), { recursive: true });
+    copyFileSync(busybox, path.join(image, 'bin', 'busybox'));
+    for (const applet of ['sh', 'echo', 'sleep', 'cat']) symlinkSync('busybox', path.join(image, 'bin', applet));
+  });
+
+  after(async () => {
+    for (const s of open) {
+      s.client.close();
+      await s.server.close(0);
+    }
+    for (const id of existsSync(path.join(scratch, 'runc', NS)) ? runcList() : []) {
+      execFileSync('runc', ['--root', path.join(scratch, 'runc', NS), 'delete', '--force', id], { stdio: 'ignore' });
+    }
+    unmountBelow(scratch);
+    await removeTree(scratch);
+  });
+
+  test('a container as CRI runs one: Create, Wait before Start, Start, its output and exit code, Kill NotFound after, Delete; nothing left', async () => {
+    const s = await serve('a');
+    open.push(s);
+    const out = fifo('a-stdout');
+    const output = readFifo(out);
+    const req = createRequest('c1', ['sh', '-c', 'echo hello from $(cat /proc/1/comm); exit 3'], { stdout: out });
+    const { pid } = await s.client.request(TaskService.create, req, { metadata: META });
+    assert.ok(pid > 0 && processAlive(pid), 'Create answers the container init, which exists');
+    assert.ok(mountedBelow(path.join(req.bundle, 'rootfs')), 'the rootfs is mounted into the bundle');
+    const connect = await s.client.request(TaskService.connect, { id: 'c1' }, { metadata: META });
+    assert.equal(connect.taskPid, pid);
+    let state = await s.client.request(TaskService.state, { id: 'c1', execId: '' }, { metadata: META });
+    assert.equal(state.status, Status.CREATED);
+    assert.equal(state.stdout, out, 'State echoes the stdio paths (CRI reopens them after its restart)');
+    assert.equal(state.bundle, req.bundle);
+    let waited = false;
+    const wait = s.client.request(TaskService.wait, { id: 'c1', execId: '' }, { metadata: META }).then((w) => ((waited = true), w));
+    await new Promise((r) => setImmediate(r));
+    assert.equal(waited, false, 'a Wait sent before Start blocks');
+    const started = await s.client.request(TaskService.start, { id: 'c1', execId: '' }, { metadata: META });
+    assert.equal(started.pid, pid);
+    const exit = await wait;
+    assert.equal(exit.exitStatus, 3);
+    assert.ok((exit.exitedAt?.seconds ?? 0) > 1_600_000_000);
+    assert.equal(await output, 'hello from sh\n');
+    assert.equal(await codeOf(s.client.request(TaskService.kill, { id: 'c1', execId: '', signal: 9, all: true }, { metadata: META })), GRPC_CODES.NotFound, 'Kill of an exited task is NotFound');
+    state = await s.client.request(TaskService.state, { id: 'c1', execId: '' }, { metadata: META });
+    assert.equal(state.status, Status.STOPPED);
+    assert.equal(state.exitStatus, 3);
+    const deleted = await s.client.request(TaskService.delete, { id: 'c1', execId: '' }, { metadata: META });
+    assert.equal(deleted.exitStatus, 3);
+    assert.equal(deleted.pid, pid);
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'c1', execId: '' }, { metadata: META })), GRPC_CODES.NotFound, 'a deleted task is NotFound');
+    assert.equal(await codeOf(s.client.request(TaskService.delete, { id: 'c1', execId: '' }, { metadata: META })), GRPC_CODES.NotFound);
+    assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false, 'the rootfs is unmounted');
+    assert.deepEqual(runcList(), [], 'runc knows the container no more');
+    assert.deepEqual(s.events.seen, ['create c1', 'start c1', 'exit c1 3', 'delete c1']);
+    assert.equal((await s.client.request(TaskService.connect, { id: 'c1' }, { metadata: META })).taskPid, 0, 'Connect never fails; an unknown task has pid 0');
+  });
+
+  test('Exec: a process in the running container with its own exit; duplicate id AlreadyExists; unstarted Kill FailedPrecondition; init killed: 137', async () => {
+    const s = await serve('b');
+    open.push(s);
+    const req = createRequest('c2', ['sleep', '1000']);
+    const { pid } = await s.client.request(TaskService.create, req, { metadata: META });
+    const initWait = s.client.request(TaskService.wait, { id: 'c2', execId: '' }, { metadata: META });
+    await s.client.request(TaskService.start, { id: 'c2', execId: '' }, { metadata: META });
+    const out = fifo('b-exec-stdout');
+    const output = readFifo(out);
+    const spec = { args: ['sh', '-c', 'echo in $(cat /proc/1/comm); exit 5'], env: ['PATH=/bin'], cwd: '/', user: { uid: 0, gid: 0 } };
+    const exec = { id: 'c2', execId: 'e1', terminal: false, stdin: '', stdout: out, stderr: '', spec: { typeUrl: 'types.containerd.io/opencontainers/runtime-spec/1/Process', value: Buffer.from(JSON.stringify(spec)) } };
+    await s.client.request(TaskService.exec, exec, { metadata: META });
+    assert.equal(await codeOf(s.client.request(TaskService.exec, exec, { metadata: META })), GRPC_CODES.AlreadyExists);
+    assert.equal(await codeOf(s.client.request(TaskService.kill, { id: 'c2', execId: 'e1', signal: 9, all: false }, { metadata: META })), GRPC_CODES.FailedPrecondition, 'Kill of an exec never started');
+    const execState = await s.client.request(TaskService.state, { id: 'c2', execId: 'e1' }, { metadata: META });
+    assert.equal(execState.status, Status.CREATED);
+    assert.equal(execState.pid, 0);
+    const execWait = s.client.request(TaskService.wait, { id: 'c2', execId: 'e1' }, { metadata: META });
+    const execPid = (await s.client.request(TaskService.start, { id: 'c2', execId: 'e1' }, { metadata: META })).pid;
+    assert.ok(execPid > 0 && execPid !== pid);
+    assert.equal((await execWait).exitStatus, 5);
+    assert.equal(await output, 'in sleep\n', 'the exec ran inside the container, beside its init');
+    assert.equal((await s.client.request(TaskService.delete, { id: 'c2', execId: 'e1' }, { metadata: META })).exitStatus, 5);
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'c2', execId: 'e1' }, { metadata: META })), GRPC_CODES.NotFound);
+    const bad = { ...exec, execId: 'e2', spec: { typeUrl: exec.spec.typeUrl, value: Buffer.from('{not json') } };
+    assert.equal(await codeOf(s.client.request(TaskService.exec, bad, { metadata: META })), GRPC_CODES.InvalidArgument, 'an exec spec that is not JSON');
+    assert.equal(await codeOf(s.client.request(TaskService.delete, { id: 'c2', execId: '' }, { metadata: META })), GRPC_CODES.FailedPrecondition, 'a running task cannot be deleted');
+    const pids = await s.client.request(TaskService.pids, { id: 'c2' }, { metadata: META });
+    assert.deepEqual(pids.processes.map((p) => p.pid), [pid]);
+    await s.client.request(TaskService.kill, { id: 'c2', execId: '', signal: 9, all: true }, { metadata: META });
+    assert.equal((await initWait).exitStatus, 137);
+    assert.equal((await s.client.request(TaskService.delete, { id: 'c2', execId: '' }, { metadata: META })).exitStatus, 137);
+    assert.deepEqual(runcList(), []);
+  });
+
+  test('bad calls get containerd\'s codes and the server goes on serving', async () => {
+    const s = await serve('c');
+    open.push(s);
+    const meta = { metadata: META };
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'nope', execId: '' }, meta)), GRPC_CODES.NotFound);
+    assert.equal(await codeOf(s.client.request(TaskService.wait, { id: 'nope', execId: '' }, meta)), GRPC_CODES.NotFound);
+    assert.equal(await codeOf(s.client.request(TaskService.kill, { id: 'nope', execId: '', signal: 15, all: false }, meta)), GRPC_CODES.NotFound);
+    assert.equal(await codeOf(s.client.request(TaskService.delete, { id: 'nope', execId: '' }, meta)), GRPC_CODES.NotFound);
+    assert.equal(await codeOf(s.client.request(TaskService.checkpoint, { id: 'nope', path: '/x', options: undefined }, meta)), GRPC_CODES.Unimplemented);
+    assert.equal(await codeOf(s.client.request(TaskService.create, { ...createRequest('c3', ['true']), checkpoint: '/some/image' }, meta)), GRPC_CODES.FailedPrecondition, 'restore from a checkpoint');
+    assert.equal(await codeOf(s.client.request(TaskService.create, { ...createRequest('c4', ['true']), rootfs: [{ type: 'nfs', source: 'x:/y', target: '', options: [] }] }, meta)), GRPC_CODES.InvalidArgument, 'a mount type tsbox does not mount');
+    assert.equal(await codeOf(s.client.request(TaskService.create, createRequest('../c5', ['true']), meta)), GRPC_CODES.InvalidArgument, 'a bad id');
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'nope', execId: '' })), GRPC_CODES.InvalidArgument, 'no namespace');
+    const missing = await codeOf(s.client.request(TaskService.create, createRequest('c6', ['/bin/no-such-binary']), meta));
+    assert.notEqual(missing, GRPC_CODES.Unimplemented, 'Create never answers UNIMPLEMENTED');
+    await s.client.request(TaskService.shutdown, { id: 'nope', now: true }, meta);
+    assert.equal((await s.client.request(TaskService.connect, { id: 'nope' }, meta)).taskPid, 0, 'still serving after Shutdown');
+    assert.deepEqual(runcList(), [], 'no failed Create left a container');
+    for (const id of ['c3', 'c4', 'c6']) assert.equal(mountedBelow(path.join(scratch, 'bundles', id, 'rootfs')), false, `${id}: nothing left mounted`);
+  });
+
+  test('a new task table (tsbox restarted) finds a running container and its exit', async () => {
+    const first = await serve('d1');
+    const req = createRequest('c7', ['sleep', '1000']);
+    const { pid } = await first.client.request(TaskService.create, req, { metadata: META });
+    await first.client.request(TaskService.start, { id: 'c7', execId: '' }, { metadata: META });
+    first.client.close();
+    await first.server.close(0);
+    const second = await serve('d2');
+    open.push(second);
+    const state = await second.client.request(TaskService.state, { id: 'c7', execId: '' }, { metadata: META });
+    assert.equal(state.status, Status.RUNNING);
+    assert.equal(state.pid, pid, 'the same process');
+    const wait = second.client.request(TaskService.wait, { id: 'c7', execId: '' }, { metadata: META });
+    await second.client.request(TaskService.kill, { id: 'c7', execId: '', signal: 9, all: false }, { metadata: META });
+    assert.equal((await wait).exitStatus, 137, 'the exit reaches the new table with its own code');
+    await second.client.request(TaskService.delete, { id: 'c7', execId: '' }, { metadata: META });
+    assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false);
+  });
+});
