@@ -27,6 +27,8 @@ import { StateResponse, TaskService } from '../../src/gen/containerd/task/v3/shi
 import { Status as TaskStatus } from '../../src/gen/containerd/v1/types/task.js';
 import { Request as TtrpcRequest, Response as TtrpcResponse } from '../../src/gen/ttrpc/request.js';
 import { ContainerState, ListContainersRequest, RuntimeServiceService } from '../../src/gen/runtime/v1/containers.js';
+import { TaskOOM } from '../../src/gen/containerd/events/task.js';
+import { EventsService, PublishRequest } from '../../src/gen/containerd/services/events/v1/events.js';
 
 /** Packages whose messages we own and compare; google.protobuf comes from protobufjs itself. */
 const OUR_PACKAGES = [
@@ -98,11 +100,16 @@ const CRI_OMITTED_FIELDS: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * Imports that only carry Go code-generation options. If a reference file names one
- * that Debian does not ship, it is skipped: protobufjs keeps unknown options as
+ * Imports that only carry options (Go code generation, containerd's field paths); they are
+ * skipped, shipped or not: protobufjs keeps unknown options as
  * plain values, so nothing on the wire depends on these files.
  */
-const OPTION_ONLY_IMPORTS = new Set(['gogoproto/gogo.proto', 'github.com/gogo/protobuf/gogoproto/gogo.proto']);
+const OPTION_ONLY_IMPORTS = new Set([
+  'gogoproto/gogo.proto',
+  'github.com/gogo/protobuf/gogoproto/gogo.proto',
+  // containerd's field-path options on its events (api/events/*.proto): options only.
+  'github.com/containerd/containerd/api/types/fieldpath.proto',
+]);
 
 /** How one field looks on the wire. */
 interface FieldShape {
@@ -168,12 +175,12 @@ function loadRoot(importRoot: string, files: readonly string[]): protobuf.Root {
   const root = new protobuf.Root();
   root.resolvePath = (origin: string, target: string): string | null => {
     if (path.isAbsolute(target)) return target;
+    if (OPTION_ONLY_IMPORTS.has(target)) return null;
     const candidate = path.join(importRoot, target);
     if (existsSync(candidate)) return candidate;
     // ttrpc's request.proto imports its own proto/status.proto relative to its module's root.
     const besideOrigin = path.join(path.dirname(origin), target);
     if (existsSync(besideOrigin)) return besideOrigin;
-    if (OPTION_ONLY_IMPORTS.has(target)) return null;
     throw new Error(`wire.test: ${origin} imports ${target}, which is not under ${importRoot}`);
   };
   root.loadSync(
@@ -386,6 +393,19 @@ test('CRI RuntimeService: ListContainers, the one method tsbox calls, is Kuberne
   assert.deepEqual(decodeWithReference('runtime.v1.ListContainersRequest', bytes), {
     filter: { pod_sandbox_id: 'p0d', state: { state: 1 } },
   });
+});
+
+test("Events service: Publish, the one method tsbox calls, is containerd's, and a TaskOOM in it reads back with the reference", () => {
+  const mine = ours().lookupService('containerd.services.events.v1.Events');
+  const theirs = reference().lookupService('containerd.services.events.v1.Events');
+  assert.deepEqual(mine.methodsArray.map((m) => m.name), ['Publish']);
+  assert.deepEqual(describeService(mine)['Publish'], describeService(theirs)['Publish']);
+  assert.equal(EventsService.publish.path, '/containerd.services.events.v1.Events/Publish');
+  const bytes = PublishRequest.encode({ topic: '/tasks/oom', event: { typeUrl: 'containerd.events.TaskOOM', value: Buffer.from(TaskOOM.encode({ containerId: 'c1' }).finish()) } }).finish();
+  const decoded = decodeWithReference('containerd.services.events.v1.PublishRequest', bytes) as { topic: string; event: { type_url: string; value: string } };
+  assert.equal(decoded.topic, '/tasks/oom');
+  assert.equal(decoded.event.type_url, 'containerd.events.TaskOOM');
+  assert.deepEqual(decodeWithReference('containerd.events.TaskOOM', Buffer.from(decoded.event.value, 'base64')), { container_id: 'c1' });
 });
 
 test('Controller service: same nine unary methods with the same request and response types', () => {
