@@ -17,7 +17,7 @@ repo="$(cd "$here/.." && pwd)"
 
 # Relative to the repository, where the inside part runs.
 POD_TESTS=(
-  dist/test/e2e/pods.test.js dist/test/e2e/restart.test.js dist/test/e2e/containerd.test.js
+  dist/test/e2e/pods.test.js dist/test/e2e/pods-task-api.test.js dist/test/e2e/restart.test.js dist/test/e2e/containerd.test.js
   dist/test/e2e/cri.test.js dist/test/e2e/doctor.test.js
   dist/test/integration/rpc.test.js dist/test/integration/namespaces.test.js
   dist/test/integration/process.test.js dist/test/integration/stop.test.js

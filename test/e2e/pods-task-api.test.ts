@@ -102,6 +102,23 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'tasks')), [], 'no task record left');
     }));
 
+  test('a container past its memory limit, killed by the OOM killer at once, is reported OOMKilled with code 137', () =>
+    withLogs(async () => {
+      const config = env.podConfig('oom', { linux: { cgroup_parent: `/tsbox-e2e-${process.pid}/oom-task` } });
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      // busybox dd allocates its 32 MiB block first: against a 16 MiB limit it is killed as it
+      // starts. tsbox reads the kernel's OOM count of the container's cgroup when the init ends
+      // and has CRI told (TaskOOM) before it answers the exit.
+      const c = await startContainer(id, config, 'hog', 'exec dd if=/dev/zero of=/dev/null bs=32M count=1', {
+        linux: { resources: { memory_limit_in_bytes: 16 * 1024 * 1024 } },
+      });
+      await waitFor(async () => (await containerState(c)).state === 'CONTAINER_EXITED', { what: 'the container over its limit ends' });
+      const { reason, exitCode } = await containerState(c);
+      assert.deepEqual({ reason, exitCode }, { reason: 'OOMKilled', exitCode: 137 }, 'the reason is there as soon as the exit is');
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
+    }));
+
   test('a container that exits by itself reports its code; containerd restarted with a container running keeps it: exec, stop after', () =>
     withLogs(async () => {
       const config = env.podConfig('restart');
