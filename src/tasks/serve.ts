@@ -1,7 +1,11 @@
-import { readdir } from 'node:fs/promises';
-import { join } from 'node:path';
+import { spawn } from 'node:child_process';
+import { open, readdir } from 'node:fs/promises';
+import { connect, type Socket } from 'node:net';
+import { dirname, join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
-import { isGone, readIfPresent, withPath } from '../errors.js';
+import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../errors.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
 import { TtrpcServer } from '../ttrpc/server.js';
 import { registerTaskService } from './task-service.js';
@@ -63,10 +67,63 @@ export interface TaskServer {
   close(drainMs: number): Promise<void>;
 }
 
+/** The front's files below tsbox's state dir: its backend socket, pid and log. */
+export function frontFiles(stateDir: string): { backend: string; pid: string; log: string } {
+  return { backend: join(stateDir, 'task-front.sock'), pid: join(stateDir, 'task-front.pid'), log: join(stateDir, 'task-front.log') };
+}
+
+const FRONT_MAIN = join(dirname(fileURLToPath(import.meta.url)), '..', 'front', 'main.js');
+const FRONT_START_MS = 10_000;
+
+/** A connection to the front's backend socket; undefined when no front answers there. */
+function dialFront(path: string): Promise<Socket | undefined> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(path);
+    socket.once('connect', () => {
+      socket.removeAllListeners('error');
+      resolve(socket);
+    });
+    socket.once('error', (err) => {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ECONNREFUSED') resolve(undefined);
+      else reject(withPath(err, path, 'connect to'));
+    });
+  });
+}
+
 /**
- * Recovers the recorded tasks, then serves the Task API on its socket (mode 0600: containerd
- * runs as root). Called before the sandbox socket is bound, so that a containerd started
- * meanwhile finds the task socket listening when it loads its tasks.
+ * A connection to the task front, started first when none answers: the front owns the Task API
+ * socket and containerd's connections, and outlives tsbox (src/front/front.ts).
+ */
+async function reachFront(socket: string, stateDir: string, logger: Logger): Promise<Socket> {
+  const files = frontFiles(stateDir);
+  const found = await dialFront(files.backend);
+  if (found !== undefined) return found;
+  const log = await open(files.log, 'a', 0o600);
+  try {
+    const child = spawn(process.execPath, [FRONT_MAIN, '--listen', socket, '--backend', files.backend, '--pid-file', files.pid], {
+      detached: true,
+      stdio: ['ignore', log.fd, log.fd],
+    });
+    child.unref();
+    logger.info({ pid: child.pid, socket, log: files.log }, 'task front started');
+  } finally {
+    await log.close();
+  }
+  const until = Date.now() + FRONT_START_MS;
+  while (Date.now() < until) {
+    const dialled = await dialFront(files.backend);
+    if (dialled !== undefined) return dialled;
+    await delay(50);
+  }
+  throw new TsboxError('Unavailable', `the task front did not answer on ${files.backend} within ${FRONT_START_MS} ms (its log: ${files.log})`);
+}
+
+/**
+ * Recovers the recorded tasks, then serves the Task API through the task front, which owns
+ * the socket (mode 0600: containerd runs as root), starting the front when none runs. Called
+ * before the sandbox socket is bound, so that a containerd started meanwhile finds the task
+ * socket listening when it loads its tasks. A front that goes away is started again.
  */
 export async function startTaskServer(options: TaskServerOptions): Promise<TaskServer> {
   const dirs = taskDirs(options.stateDir);
@@ -84,6 +141,28 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
   await tasks.recover();
   const server = new TtrpcServer({ logger: options.logger });
   registerTaskService(server, tasks);
-  await server.listen(options.socket, 0o600);
-  return { tasks, close: (drainMs) => server.close(drainMs) };
+  let closing = false;
+  const serve = (socket: Socket): void => {
+    void server.serveConnection(socket).then(async () => {
+      // The front went away (it was killed): start another, so that new tasks are served.
+      while (!closing) {
+        options.logger.warn('the connection to the task front closed: reaching it again');
+        try {
+          serve(await reachFront(options.socket, options.stateDir, options.logger));
+          return;
+        } catch (err) {
+          options.logger.error({ err }, 'cannot reach the task front');
+          await delay(1000);
+        }
+      }
+    });
+  };
+  serve(await reachFront(options.socket, options.stateDir, options.logger));
+  return {
+    tasks,
+    close: async (drainMs) => {
+      closing = true;
+      await server.close(drainMs);
+    },
+  };
 }

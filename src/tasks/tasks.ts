@@ -175,6 +175,15 @@ async function writeJson(path: string, value: unknown): Promise<void> {
   await rename(`${path}.tmp`, path);
 }
 
+/** True when the Any holds JSON equal to `value`. */
+function sameJson(value: unknown, spec: AnyValue | undefined): boolean {
+  try {
+    return JSON.stringify(value) === JSON.stringify(JSON.parse(Buffer.from(spec?.value ?? []).toString('utf8')));
+  } catch {
+    return false; // not JSON: not the same request
+  }
+}
+
 /** The decoded runc options of a Create; the defaults when none are sent. */
 function runcHandlerOptions(options: AnyValue | undefined): RuncHandlerOptions {
   if (options === undefined || options.value.length === 0) return RuncHandlerOptions.fromPartial({});
@@ -272,6 +281,8 @@ export class TaskTable {
       let mounted = false;
       let holder: ContainerHolder | undefined;
       try {
+        // First, so that a tsbox that dies part-way leaves a record naming what to undo.
+        await writeJson(join(dir, 'task.json'), record);
         if (request.rootfs.length > 0) {
           await this.#opts.rootfs.mount(request.rootfs, rootfs, signal);
           mounted = true;
@@ -292,7 +303,6 @@ export class TaskTable {
           bundle: request.bundle,
           killAll: sharesPidNamespace(config),
         });
-        await writeJson(join(dir, 'task.json'), record);
         const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
         task.init.holder = holder;
         task.cgroup = await this.#locate(holder.pid);
@@ -397,7 +407,12 @@ export class TaskTable {
     checkId('exec id', execId);
     return this.#queue.run(this.#key(ns, id), async () => {
       const task = this.#get(ns, id);
-      if (task.execs.has(execId)) throw new TsboxError('AlreadyExists', `process ${execId} already exists in task ${id}`);
+      const known = task.execs.get(execId);
+      if (known !== undefined) {
+        // The same request again (the task front replays what a restarted tsbox left unanswered).
+        if (sameJson(known.spec, spec) && known.io.stdin === io.stdin && known.io.stdout === io.stdout && known.io.stderr === io.stderr && known.io.terminal === io.terminal) return;
+        throw new TsboxError('AlreadyExists', `process ${execId} already exists in task ${id}`);
+      }
       if (task.init.exit !== undefined) throw new TsboxError('FailedPrecondition', `cannot exec in task ${id}: its init has exited`);
       let process: Record<string, unknown>;
       try {
@@ -596,6 +611,16 @@ export class TaskTable {
     const record = JSON.parse(text) as TaskRecord;
     const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
     await this.#recoverProc(task, task.init);
+    if (task.init.holder === undefined && task.init.exit === undefined) {
+      // A Create that never answered: undo what it did; containerd asks again or gives up.
+      this.#log.warn({ id: record.id, ns: record.namespace }, 'undoing a task create that did not finish');
+      await runc(this.#runc(record), ['delete', '--force', record.id]).catch((err: unknown) => {
+        if (!isTsboxError(err, 'NotFound')) this.#log.error({ err, id: record.id }, 'cannot delete the container of an unfinished create');
+      });
+      await this.#opts.rootfs.unmount(join(record.bundle, 'rootfs'));
+      await rm(dir, { recursive: true, force: true });
+      return;
+    }
     if (task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
     for (const name of await readdir(dir)) {
       if (!name.startsWith('e-')) continue;

@@ -78,6 +78,12 @@ class Connection {
   constructor(
     readonly socket: Socket,
     now: number,
+    /**
+     * The task front's connection (src/front/): it carries every call of containerd's, is never
+     * evicted, and at shutdown its calls get no answer, so that the front keeps them for the
+     * next tsbox instead of passing containerd a failure.
+     */
+    readonly front = false,
   ) {
     this.lastActive = now;
   }
@@ -180,7 +186,8 @@ export class TtrpcServer {
     const listenerClosed = new Promise<void>((resolve) => this.#listener.close(() => resolve()));
     if (this.#sweep !== undefined) clearInterval(this.#sweep);
     for (const connection of this.#connections) {
-      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, true);
+      // The front keeps its calls for the next tsbox: they get no answer from this one.
+      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, !connection.front);
     }
     if (this.#calls > 0) {
       await new Promise<void>((resolve) => {
@@ -198,13 +205,29 @@ export class TtrpcServer {
     this.#log.info('ttrpc server closed');
   }
 
+  /**
+   * Serves one connection tsbox opened itself to the task front, which relays containerd's
+   * calls: as an accepted one, but never evicted, bounded by the calls in all rather than per
+   * connection, and left unanswered at shutdown (see Connection.front). Resolves when it closes.
+   */
+  serveConnection(socket: Socket): Promise<void> {
+    const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    if (this.#closing !== undefined) socket.destroy();
+    else this.#adopt(new Connection(socket, Date.now(), true));
+    return closed;
+  }
+
   #accept(socket: Socket): void {
     const now = Date.now();
     if (this.#closing !== undefined || (this.#connections.size >= this.#maxConnections && !this.#evictIdle())) {
       socket.destroy();
       return;
     }
-    const connection = new Connection(socket, now);
+    this.#adopt(new Connection(socket, now));
+  }
+
+  #adopt(connection: Connection): void {
+    const socket = connection.socket;
     this.#connections.add(connection);
     socket.on('data', (chunk: Buffer) => this.#onData(connection, chunk));
     // A reset or EPIPE ends the connection; 'close' follows and cleans up.
@@ -218,7 +241,7 @@ export class TtrpcServer {
   #evictIdle(): boolean {
     let victim: Connection | undefined;
     for (const connection of this.#connections) {
-      if (connection.calls.size > 0) continue;
+      if (connection.calls.size > 0 || connection.front) continue;
       if (victim === undefined || connection.lastActive < victim.lastActive) victim = connection;
     }
     if (victim === undefined) return false;
@@ -293,8 +316,9 @@ export class TtrpcServer {
     if (handler === undefined) {
       this.#answer(connection, streamId, { code: GRPC_CODES.Unimplemented, message: `${request.service}/${request.method} is not implemented` });
     } else if (this.#closing !== undefined) {
-      this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
-    } else if (connection.calls.size >= MAX_CALLS_PER_CONNECTION || this.#calls >= MAX_CALLS) {
+      // The front's requests stay with the front for the next tsbox.
+      if (!connection.front) this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
+    } else if ((!connection.front && connection.calls.size >= MAX_CALLS_PER_CONNECTION) || this.#calls >= MAX_CALLS) {
       this.#answer(connection, streamId, { code: GRPC_CODES.ResourceExhausted, message: 'too many calls in flight' });
     } else {
       this.#run(connection, streamId, request, handler);
@@ -324,7 +348,7 @@ export class TtrpcServer {
       if (call.timer !== undefined) clearTimeout(call.timer);
       connection.calls.delete(streamId);
       this.#calls--;
-      if (!call.answered) {
+      if (!call.answered && !(connection.front && this.#closing !== undefined)) {
         call.answered = true;
         this.#answer(connection, streamId, status, status.payload);
       }

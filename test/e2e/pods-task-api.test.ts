@@ -137,4 +137,48 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await removePod(id, [quick, c]);
       await assertNothingLeft(id, [quick, c]);
     }));
+
+  test('tsbox restarted (SIGTERM) and killed (kill -9) with containers running: CRI marks none exited, same pids, a later exit reaches CRI with its own code', () =>
+    withLogs(async () => {
+      const config = env.podConfig('survivor');
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      const a = await startContainer(id, config, 'a', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
+      const b = await startContainer(id, config, 'b', 'mkfifo /tmp/go && read go < /tmp/go && exit 9');
+      const pids = { a: (await containerState(a)).pid, b: (await containerState(b)).pid };
+      const fronts = frontsNow();
+      assert.equal(fronts.length, 1, 'one task front');
+
+      await env.tsbox.restart();
+      assert.equal((await exec(a, ['/bin/sh', '-c', 'exit 6'])).code, 6, 'exec after tsbox restarted');
+      await env.tsbox.kill9();
+      // While tsbox is down, containerd's pending Waits stay with the front.
+      await env.tsbox.start();
+      assert.deepEqual(frontsNow(), fronts, 'the same task front, through both restarts');
+      for (const [name, c] of [['a', a], ['b', b]] as const) {
+        const s = await containerState(c);
+        assert.equal(s.state, 'CONTAINER_RUNNING', `${name} still running for CRI`);
+        assert.equal(s.pid, pids[name], `${name}: the same process`);
+      }
+      assert.equal((await exec(b, ['/bin/sh', '-c', 'echo go > /tmp/go'])).code, 0);
+      await waitFor(async () => (await containerState(b)).state === 'CONTAINER_EXITED', { what: 'b exited after the restarts' });
+      assert.equal((await containerState(b)).exitCode, 9, 'b\'s own exit code, not 255');
+      await env.cri.call('StopContainer', { container_id: a, timeout: 10 }, { timeoutMs: 60_000 });
+      assert.equal((await containerState(a)).exitCode, 0);
+      await removePod(id, [a, b]);
+      await assertNothingLeft(id, [a, b]);
+    }));
 });
+
+/** The task front processes running now (pids), to check that one outlives tsbox. */
+function frontsNow(): number[] {
+  const fronts: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes('front/main.js')) fronts.push(Number(entry));
+    } catch {
+      continue; // the process ended meanwhile
+    }
+  }
+  return fronts.sort();
+}

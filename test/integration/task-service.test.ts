@@ -201,7 +201,7 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal((await s.client.request(TaskService.connect, { id: 'c1' }, { metadata: META })).taskPid, 0, 'Connect never fails; an unknown task has pid 0');
   });
 
-  test('Exec: a process in the running container with its own exit; duplicate id AlreadyExists; unstarted Kill FailedPrecondition; init killed: 137', async () => {
+  test('Exec: a process in the running container with its own exit; another process under its id AlreadyExists; unstarted Kill FailedPrecondition; init killed: 137', async () => {
     const s = await serve('b');
     open.push(s);
     const req = createRequest('c2', ['sleep', '1000']);
@@ -213,7 +213,9 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     const spec = { args: ['sh', '-c', 'echo in $(cat /proc/1/comm); exit 5'], env: ['PATH=/bin'], cwd: '/', user: { uid: 0, gid: 0 } };
     const exec = { id: 'c2', execId: 'e1', terminal: false, stdin: '', stdout: out, stderr: '', spec: { typeUrl: 'types.containerd.io/opencontainers/runtime-spec/1/Process', value: Buffer.from(JSON.stringify(spec)) } };
     await s.client.request(TaskService.exec, exec, { metadata: META });
-    assert.equal(await codeOf(s.client.request(TaskService.exec, exec, { metadata: META })), GRPC_CODES.AlreadyExists);
+    await s.client.request(TaskService.exec, exec, { metadata: META }); // the same request again (a replay): accepted
+    const other = { ...exec, spec: { typeUrl: exec.spec.typeUrl, value: Buffer.from(JSON.stringify({ ...spec, args: ['true'] })) } };
+    assert.equal(await codeOf(s.client.request(TaskService.exec, other, { metadata: META })), GRPC_CODES.AlreadyExists, 'another process under a known exec id');
     assert.equal(await codeOf(s.client.request(TaskService.kill, { id: 'c2', execId: 'e1', signal: 9, all: false }, { metadata: META })), GRPC_CODES.FailedPrecondition, 'Kill of an exec never started');
     const execState = await s.client.request(TaskService.state, { id: 'c2', execId: 'e1' }, { metadata: META });
     assert.equal(execState.status, Status.CREATED);

@@ -1,0 +1,184 @@
+import { createServer, type Server, type Socket } from 'node:net';
+import type { Logger } from 'pino';
+import { FrameDecoder, FrameType, encodeFrame } from '../ttrpc/frame.js';
+import { FRAME_ARRIVAL_MS, MAX_PARTIAL_FRAME_BYTES, SWEEP_MS } from '../ttrpc/limits.js';
+import { claimSocket, prepareSocketPath } from '../transport/socket.js';
+
+/**
+ * The task front: the process that owns the Task API socket and containerd's connections to
+ * it, so that a restart of tsbox — planned or a crash — breaks none of them. containerd's
+ * ttrpc client never redials, and CRI takes a broken Wait for the container's exit (research
+ * notes on the Task API, §1.6): whoever holds those connections must outlive tsbox.
+ *
+ * It knows ttrpc's framing and nothing else. Each request from containerd gets a stream id of
+ * the front's own (odd, increasing) and goes to tsbox over one connection tsbox opens to the
+ * front's backend socket; each answer goes back to the connection and stream it came from.
+ * Requests not yet answered are kept, and sent again, in order, to the next tsbox that
+ * connects: containerd sees a slow answer, never a failure. tsbox's handlers give the same
+ * answer to a request seen twice (src/tasks/tasks.ts).
+ */
+
+/** Connections from containerd at most (one per task, plus its reloads). */
+const MAX_CONNECTIONS = 4096;
+/** Requests kept unanswered at most (Waits: one per container and exec). */
+const MAX_PENDING = 16_384;
+
+interface Pending {
+  readonly conn: ClientConn;
+  readonly streamId: number;
+  readonly frame: Buffer;
+}
+
+class ClientConn {
+  readonly decoder = new FrameDecoder();
+  readonly ids = new Set<number>();
+  lastStreamId = 0;
+  frameStartedAt = 0;
+  constructor(readonly socket: Socket) {}
+}
+
+export interface FrontOptions {
+  readonly logger: Logger;
+  /** The Task API socket containerd dials (`ttrpc+unix://…`). */
+  readonly listen: string;
+  /** The socket tsbox connects to. */
+  readonly backend: string;
+}
+
+export class TaskFront {
+  readonly #log: Logger;
+  readonly #opts: FrontOptions;
+  readonly #clients = new Set<ClientConn>();
+  readonly #pending = new Map<number, Pending>();
+  #nextId = 1;
+  #tsbox: Socket | undefined;
+  #partialBytes = 0;
+  readonly #public: Server;
+  readonly #private: Server;
+  #sweep: NodeJS.Timeout | undefined;
+
+  constructor(options: FrontOptions) {
+    this.#opts = options;
+    this.#log = options.logger;
+    this.#public = createServer((socket) => this.#acceptClient(socket));
+    this.#private = createServer((socket) => this.#acceptTsbox(socket));
+  }
+
+  get pendingCount(): number {
+    return this.#pending.size;
+  }
+
+  async start(): Promise<void> {
+    for (const [server, path] of [[this.#private, this.#opts.backend], [this.#public, this.#opts.listen]] as const) {
+      await prepareSocketPath(path);
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(path, () => {
+          server.off('error', reject);
+          resolve();
+        });
+      });
+      await claimSocket(path, 0o600);
+    }
+    this.#sweep = setInterval(() => this.#checkFrames(), SWEEP_MS);
+    this.#sweep.unref();
+    this.#log.info({ listen: this.#opts.listen, backend: this.#opts.backend }, 'task front listening');
+  }
+
+  #acceptClient(socket: Socket): void {
+    if (this.#clients.size >= MAX_CONNECTIONS) {
+      this.#log.warn({ max: MAX_CONNECTIONS }, 'task socket: connection refused, too many');
+      socket.destroy();
+      return;
+    }
+    const conn = new ClientConn(socket);
+    this.#clients.add(conn);
+    socket.on('data', (chunk: Buffer) => this.#fromClient(conn, chunk));
+    socket.on('error', (err) => this.#log.debug({ err }, 'containerd connection error'));
+    socket.once('end', () => socket.destroy());
+    socket.once('close', () => this.#forgetClient(conn));
+  }
+
+  #forgetClient(conn: ClientConn): void {
+    if (!this.#clients.delete(conn)) return;
+    this.#partialBytes -= conn.decoder.buffered;
+    // Its answers have nowhere to go; tsbox's calls for them end with the tasks they wait on.
+    for (const id of conn.ids) this.#pending.delete(id);
+  }
+
+  #fromClient(conn: ClientConn, chunk: Buffer): void {
+    this.#partialBytes -= conn.decoder.buffered;
+    const decoded = conn.decoder.push(chunk);
+    this.#partialBytes += conn.decoder.buffered;
+    conn.frameStartedAt = conn.decoder.midFrame ? conn.frameStartedAt || Date.now() : 0;
+    for (const item of decoded) {
+      if (conn.socket.destroyed) return;
+      if (item.kind === 'skipped') {
+        // A frame over ttrpc's limit or of a type it does not know: not containerd's.
+        this.#log.warn({ reason: item.reason, bytes: item.header.length }, 'task socket: closing a connection that broke the protocol');
+        conn.socket.destroy();
+        return;
+      }
+      const { frame } = item;
+      if (frame.type !== FrameType.Request) continue;
+      if (frame.streamId % 2 !== 1 || frame.streamId <= conn.lastStreamId || this.#pending.size >= MAX_PENDING) {
+        this.#log.warn({ streamId: frame.streamId, pending: this.#pending.size }, 'task socket: closing a connection that broke the protocol or the bound on calls');
+        conn.socket.destroy();
+        return;
+      }
+      conn.lastStreamId = frame.streamId;
+      const id = this.#nextId;
+      this.#nextId += 2;
+      const relayed = encodeFrame(id, FrameType.Request, frame.payload, frame.flags);
+      this.#pending.set(id, { conn, streamId: frame.streamId, frame: relayed });
+      conn.ids.add(id);
+      this.#tsbox?.write(relayed);
+    }
+    if (this.#partialBytes > MAX_PARTIAL_FRAME_BYTES) this.#shedPartial();
+  }
+
+  #acceptTsbox(socket: Socket): void {
+    // A newer tsbox replaces an older connection (one that has not noticed its end yet).
+    this.#tsbox?.destroy();
+    this.#tsbox = socket;
+    const decoder = new FrameDecoder();
+    socket.on('data', (chunk: Buffer) => {
+      for (const item of decoder.push(chunk)) {
+        if (item.kind !== 'frame' || item.frame.type !== FrameType.Response) continue;
+        const pending = this.#pending.get(item.frame.streamId);
+        if (pending === undefined) continue;
+        this.#pending.delete(item.frame.streamId);
+        pending.conn.ids.delete(item.frame.streamId);
+        if (!pending.conn.socket.destroyed) pending.conn.socket.write(encodeFrame(pending.streamId, FrameType.Response, item.frame.payload, item.frame.flags));
+      }
+    });
+    socket.on('error', (err) => this.#log.debug({ err }, 'tsbox connection error'));
+    socket.once('close', () => {
+      if (this.#tsbox === socket) this.#tsbox = undefined;
+      this.#log.info({ pending: this.#pending.size }, 'tsbox disconnected: its unanswered calls wait for the next one');
+    });
+    // Stream ids on this connection must increase: the kept requests go first, in order.
+    const replay = [...this.#pending.entries()].sort(([a], [b]) => a - b);
+    for (const [, pending] of replay) socket.write(pending.frame);
+    this.#log.info({ replayed: replay.length }, 'tsbox connected');
+  }
+
+  #shedPartial(): void {
+    let largest: ClientConn | undefined;
+    for (const conn of this.#clients) if (largest === undefined || conn.decoder.buffered > largest.decoder.buffered) largest = conn;
+    if (largest === undefined) return;
+    this.#log.warn({ bytes: largest.decoder.buffered }, 'task socket: closing the connection holding the most bytes of unfinished frames');
+    largest.socket.destroy();
+    this.#forgetClient(largest);
+  }
+
+  #checkFrames(): void {
+    const now = Date.now();
+    for (const conn of this.#clients) {
+      if (conn.frameStartedAt !== 0 && now - conn.frameStartedAt >= FRAME_ARRIVAL_MS) {
+        conn.socket.destroy();
+        this.#forgetClient(conn);
+      }
+    }
+  }
+}
