@@ -18,8 +18,13 @@ import { claimSocket, prepareSocketPath } from '../transport/socket.js';
  * answer to a request seen twice (src/tasks/tasks.ts).
  */
 
-/** Connections from containerd at most (one per task, plus its reloads). */
-const MAX_CONNECTIONS = 4096;
+/**
+ * Connections from containerd at most (one per task, plus its reloads); past it the one idle
+ * longest with no call waiting makes room, as on tsbox's own sockets.
+ */
+export const MAX_FRONT_CONNECTIONS = 1024;
+/** Answers queued for a connection that does not read, past which it is not read either. */
+const MAX_QUEUED_OUTPUT_BYTES = 1024 * 1024;
 /** Requests kept unanswered at most (Waits: one per container and exec). */
 const MAX_PENDING = 16_384;
 
@@ -34,6 +39,8 @@ class ClientConn {
   readonly ids = new Set<number>();
   lastStreamId = 0;
   frameStartedAt = 0;
+  lastActive = Date.now();
+  paused = false;
   constructor(readonly socket: Socket) {}
 }
 
@@ -86,8 +93,8 @@ export class TaskFront {
   }
 
   #acceptClient(socket: Socket): void {
-    if (this.#clients.size >= MAX_CONNECTIONS) {
-      this.#log.warn({ max: MAX_CONNECTIONS }, 'task socket: connection refused, too many');
+    if (this.#clients.size >= MAX_FRONT_CONNECTIONS && !this.#evictIdle()) {
+      this.#log.warn({ max: MAX_FRONT_CONNECTIONS }, 'task socket: connection refused, every one carries a call');
       socket.destroy();
       return;
     }
@@ -99,6 +106,19 @@ export class TaskFront {
     socket.once('close', () => this.#forgetClient(conn));
   }
 
+  /** Closes the connection idle longest that has no call waiting; false when there is none. */
+  #evictIdle(): boolean {
+    let victim: ClientConn | undefined;
+    for (const conn of this.#clients) {
+      if (conn.ids.size > 0) continue;
+      if (victim === undefined || conn.lastActive < victim.lastActive) victim = conn;
+    }
+    if (victim === undefined) return false;
+    victim.socket.destroy();
+    this.#forgetClient(victim);
+    return true;
+  }
+
   #forgetClient(conn: ClientConn): void {
     if (!this.#clients.delete(conn)) return;
     this.#partialBytes -= conn.decoder.buffered;
@@ -107,6 +127,7 @@ export class TaskFront {
   }
 
   #fromClient(conn: ClientConn, chunk: Buffer): void {
+    conn.lastActive = Date.now();
     this.#partialBytes -= conn.decoder.buffered;
     const decoded = conn.decoder.push(chunk);
     this.#partialBytes += conn.decoder.buffered;
@@ -149,7 +170,7 @@ export class TaskFront {
         if (pending === undefined) continue;
         this.#pending.delete(item.frame.streamId);
         pending.conn.ids.delete(item.frame.streamId);
-        if (!pending.conn.socket.destroyed) pending.conn.socket.write(encodeFrame(pending.streamId, FrameType.Response, item.frame.payload, item.frame.flags));
+        this.#toClient(pending.conn, encodeFrame(pending.streamId, FrameType.Response, item.frame.payload, item.frame.flags));
       }
     });
     socket.on('error', (err) => this.#log.debug({ err }, 'tsbox connection error'));
@@ -161,6 +182,23 @@ export class TaskFront {
     const replay = [...this.#pending.entries()].sort(([a], [b]) => a - b);
     for (const [, pending] of replay) socket.write(pending.frame);
     this.#log.info({ replayed: replay.length }, 'tsbox connected');
+  }
+
+  /** An answer to containerd; a connection that leaves too many unread is not read until it reads them. */
+  #toClient(conn: ClientConn, frame: Buffer): void {
+    const socket = conn.socket;
+    if (socket.destroyed) return;
+    conn.lastActive = Date.now();
+    socket.write(frame);
+    if (!conn.paused && socket.writableLength > MAX_QUEUED_OUTPUT_BYTES) {
+      conn.paused = true;
+      socket.pause();
+      socket.once('drain', () => {
+        conn.paused = false;
+        if (conn.frameStartedAt !== 0) conn.frameStartedAt = Date.now();
+        socket.resume();
+      });
+    }
   }
 
   #shedPartial(): void {
@@ -175,7 +213,7 @@ export class TaskFront {
   #checkFrames(): void {
     const now = Date.now();
     for (const conn of this.#clients) {
-      if (conn.frameStartedAt !== 0 && now - conn.frameStartedAt >= FRAME_ARRIVAL_MS) {
+      if (!conn.paused && conn.frameStartedAt !== 0 && now - conn.frameStartedAt >= FRAME_ARRIVAL_MS) {
         conn.socket.destroy();
         this.#forgetClient(conn);
       }

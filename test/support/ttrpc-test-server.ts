@@ -1,18 +1,30 @@
 /**
- * A ttrpc server process for the hostile tier (test/hostile/ttrpc.test.ts), so that its memory
- * and descriptors can be watched apart from the test's: `node ttrpc-test-server.js <socket>`
- * serves the test service (ttrpc-peer.ts) with the default limits, prints "ready" once it
- * listens, and closes on SIGTERM.
+ * A ttrpc server process for the hostile tier (test/hostile/ttrpc.test.ts, front.test.ts), so
+ * that its memory and descriptors can be watched apart from the test's:
+ * `node ttrpc-test-server.js <socket>` serves the test service (ttrpc-peer.ts) with the default
+ * limits on its own socket; `node ttrpc-test-server.js --front <backend socket>` serves it
+ * through a task front instead, over the one connection it opens to the front, as tsbox does.
+ * It prints "ready" once it serves, and closes on SIGTERM.
  */
+import { connect } from 'node:net';
 import { pino } from 'pino';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { addTestMethods } from './ttrpc-peer.js';
 
-const socketPath = process.argv[2];
-if (socketPath === undefined) throw new Error('usage: ttrpc-test-server <socket>');
+const [first, second] = process.argv.slice(2);
+if (first === undefined || (first === '--front' && second === undefined)) throw new Error('usage: ttrpc-test-server <socket> | --front <backend socket>');
 const server = new TtrpcServer({ logger: pino({ level: process.env['TSBOX_LOG_LEVEL'] ?? 'warn' }) });
 addTestMethods(server);
-await server.listen(socketPath, 0o600);
+if (first === '--front') {
+  const socket = connect(second as string);
+  await new Promise<void>((resolve, reject) => {
+    socket.once('connect', resolve);
+    socket.once('error', reject);
+  });
+  void server.serveConnection(socket);
+} else {
+  await server.listen(first, 0o600);
+}
 process.stdout.write('ready\n');
 process.once('SIGTERM', () => {
   // Once closed, nothing holds the event loop: the process ends.

@@ -1,0 +1,199 @@
+/**
+ * Hostile and broken peers on the task socket as the task front owns it (src/front/front.ts),
+ * with a ttrpc server behind the front as tsbox sits behind it (test/support/ttrpc-test-server.ts
+ * --front), each in a process of its own: garbage, oversized frames, floods from peers that
+ * never read, frames left half-sent, thousands of idle connections. After each, a fresh client is
+ * answered within FRESH_CALL_MS and the long-lived client (containerd's connection, holding a call
+ * the whole time) at once; the front's RSS stays under RSS_BOUND_MIB and its descriptors come
+ * back to the baseline. Then the server behind the front is killed and started again: the held
+ * call is neither failed nor lost, and the long-lived connection is served by the new one.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { MAX_FRONT_CONNECTIONS } from '../../src/front/front.js';
+import { TtrpcClient } from '../../src/ttrpc/client.js';
+import { FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
+import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
+import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
+import { fdCount, sampler } from '../support/resources.js';
+import { RawTtrpc, TEST_SERVICE, requestFrame } from '../support/ttrpc-peer.js';
+import { openMany } from '../support/raw-socket.js';
+
+/** The front's RSS bound during every attack; idle it is about 50 MiB. */
+const RSS_BOUND_MIB = 256;
+const FRESH_CALL_MS = 1000;
+const CONNECT_BATCH = 250;
+const MiB = 1024 * 1024;
+
+const support = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support');
+const frontMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'front', 'main.js');
+
+function header(length: number, streamId: number, type: number = FrameType.Request): Buffer {
+  const bytes = Buffer.alloc(HEADER_BYTES);
+  bytes.writeUInt32BE(length, 0);
+  bytes.writeUInt32BE(streamId, 4);
+  bytes[8] = type;
+  return bytes;
+}
+
+describe('hostile peers on the task front', () => {
+  let dir = '';
+  let socketPath = '';
+  let backendPath = '';
+  let front: ManagedProcess | undefined;
+  let backend: ManagedProcess | undefined;
+  let longLived: TtrpcClient | undefined;
+  let held: Promise<unknown> | undefined;
+  let heldSettled = false;
+  let baselineFds = 0;
+
+  const frontPid = (): number => {
+    assert.ok(front !== undefined && front.exitInfo() === undefined, `the front is gone\n${tailFile(path.join(dir, 'front.log'))}`);
+    return front.pid;
+  };
+
+  /** Starts the server behind the front and waits until it serves. */
+  async function startBackend(n: number): Promise<ManagedProcess> {
+    const logPath = path.join(dir, `backend-${n}.log`);
+    const p = await spawnLogged(process.execPath, [path.join(support, 'ttrpc-test-server.js'), '--front', backendPath], { logPath });
+    await waitFor(() => readFileSync(logPath, 'utf8').includes('ready'), { what: 'the server behind the front is ready', timeoutMs: 10_000, describe: () => tailFile(logPath) });
+    return p;
+  }
+
+  before(async () => {
+    dir = await makeTempDir('tsbox-front-h-');
+    socketPath = path.join(dir, 'task.sock');
+    backendPath = path.join(dir, 'backend.sock');
+    const logPath = path.join(dir, 'front.log');
+    front = await spawnLogged(process.execPath, [frontMain, '--listen', socketPath, '--backend', backendPath, '--log-level', 'warn'], { logPath });
+    await waitForSocket(front, socketPath, { name: 'task front', logTail: () => tailFile(logPath) });
+    backend = await startBackend(1);
+    longLived = await TtrpcClient.connect(socketPath);
+    held = longLived.call(TEST_SERVICE, 'Hold', Buffer.alloc(0)).finally(() => {
+      heldSettled = true;
+    });
+    held.catch(() => /* checked by the tests */ undefined);
+    assert.equal((await longLived.call(TEST_SERVICE, 'Echo', Buffer.from('up'))).toString(), 'up');
+    baselineFds = fdCount(frontPid());
+  });
+
+  after(async () => {
+    longLived?.close();
+    if (backend !== undefined) await stopProcess(backend, { graceMs: 5000 });
+    if (front !== undefined) await stopProcess(front, { graceMs: 5000 });
+    await removeTree(dir);
+  });
+
+  async function probe(): Promise<number> {
+    const started = performance.now();
+    const fresh = await TtrpcClient.connect(socketPath);
+    try {
+      assert.equal((await fresh.call(TEST_SERVICE, 'Echo', Buffer.from('fresh'), { timeoutMs: FRESH_CALL_MS })).toString(), 'fresh');
+    } finally {
+      fresh.close();
+    }
+    const ms = performance.now() - started;
+    assert.ok(ms < FRESH_CALL_MS, `a fresh client waited ${ms.toFixed(0)} ms`);
+    return ms;
+  }
+
+  async function attack(name: string, run: () => Promise<void>): Promise<void> {
+    const p = frontPid();
+    const samples = sampler(p);
+    let stopped = { maxRss: 0, maxFds: 0 };
+    try {
+      await run();
+    } finally {
+      stopped = samples.stop();
+    }
+    await waitFor(() => fdCount(p) <= baselineFds, { what: `${name}: descriptors back to ${baselineFds} (now ${fdCount(p)})`, timeoutMs: 20_000, intervalMs: 50 });
+    const ms = await probe();
+    process.stdout.write(`# front ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
+    assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB})`);
+    assert.ok(stopped.maxFds <= baselineFds + MAX_FRONT_CONNECTIONS + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
+    assert.equal(frontPid(), p);
+    assert.equal(heldSettled, false, `${name}: the long-lived connection's pending call ended`);
+    assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('still'), { timeoutMs: 5000 }))?.toString(), 'still');
+  }
+
+  test('garbage and oversized frames: the connection is closed at once', () =>
+    attack('garbage', async () => {
+      const garbage = Buffer.alloc(64 * 1024);
+      for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 7919 + 13) & 0xff;
+      const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 50, () => garbage, CONNECT_BATCH);
+      const big = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 20, (i) => Buffer.concat([header(MAX_MESSAGE_BYTES + 1, 2 * i + 1), Buffer.alloc(64 * 1024)]), CONNECT_BATCH);
+      try {
+        const closed = await Promise.all([...conns, ...big].map((c) => c.closedWithin(15_000)));
+        assert.equal(closed.filter((c) => !c).length, 0, 'connections that broke the protocol stayed open');
+        await probe();
+      } finally {
+        for (const conn of [...conns, ...big]) conn.destroy();
+      }
+    }));
+
+  test('floods from peers that never read: requests relayed and answered, the flooder paused, others served', () =>
+    attack('floods', async () => {
+      const makers: ((i: number) => Buffer)[] = [
+        (i) => requestFrame(2 * i + 1, TEST_SERVICE, 'Echo', Buffer.alloc(512)),
+        (i) => requestFrame(2 * i + 2, TEST_SERVICE, 'Echo'),
+        (i) => encodeFrame(2 * i + 1, 0x7f, Buffer.alloc(64)),
+      ];
+      for (const make of makers) {
+        const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
+        try {
+          conn.pause();
+          const stopAt = Date.now() + 5000;
+          let i = 0;
+          while (!conn.closed && Date.now() < stopAt && i < 400_000) {
+            const batch: Buffer[] = [];
+            for (const end = i + 2000; i < end; i++) batch.push(make(i));
+            await conn.write(Buffer.concat(batch), stopAt - Date.now());
+          }
+          await probe();
+        } finally {
+          conn.destroy();
+        }
+      }
+    }));
+
+  test('1 000 connections each leaving half of a 1 MiB frame unsent', () =>
+    attack('half-sent frames', async () => {
+      const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]), CONNECT_BATCH);
+      try {
+        for (let n = 0; n < 3; n++) await probe();
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    }));
+
+  test(`3 000 idle connections: at most ${MAX_FRONT_CONNECTIONS} kept, containerd's connection never the one closed`, () =>
+    attack('idle connections', async () => {
+      const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 3000, () => undefined, CONNECT_BATCH);
+      try {
+        for (let n = 0; n < 3; n++) await probe();
+        const open = conns.filter((c) => !c.closed).length;
+        assert.ok(open <= MAX_FRONT_CONNECTIONS, `${open} idle connections open, more than the bound of ${MAX_FRONT_CONNECTIONS}`);
+      } finally {
+        for (const conn of conns) conn.destroy();
+      }
+    }));
+
+  test('the server behind the front killed and started again: the held call is kept, not failed, and calls go on', async () => {
+    assert.ok(backend !== undefined);
+    await stopProcess(backend, { graceMs: 0 });
+    // Meanwhile containerd's connection asks again: the answer waits for the next server.
+    const asked = longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('across'), { timeoutMs: 30_000 });
+    backend = await startBackend(2);
+    assert.equal((await asked)?.toString(), 'across', 'a call made while no server was there is answered by the next');
+    assert.equal(heldSettled, false, 'the held call is neither answered nor failed');
+    await stopProcess(backend, { graceMs: 5000 });
+    backend = await startBackend(3);
+    // Answers reach a connection in the order the front gets them: one from the server that
+    // shut down would have come before this one.
+    assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('third'), { timeoutMs: 5000 }))?.toString(), 'third');
+    assert.equal(heldSettled, false, 'a server shutting down leaves the front\'s calls to the next one');
+  });
+});
