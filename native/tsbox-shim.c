@@ -40,13 +40,22 @@
  * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
  * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
  * containers. Helper modes for tsbox:
- *   tsbox-shim umount PATH [--all]
- *                             detaches whatever is mounted at PATH (at Stop; --all: every
- *                             mount stacked there, a task's rootfs at Delete); exit 0 on
+ *   tsbox-shim umount PATH    detaches whatever is mounted at PATH (at Stop); exit 0 on
  *                             success, else the reason on stderr and exit 1.
  *   tsbox-shim mount TARGET TYPE SOURCE [OPTION...]
- *                             mounts one of containerd's mounts (a task's rootfs) the way
- *                             containerd does: flag options as flags, the rest as data.
+ *                             mounts one of containerd's mounts (a task's rootfs) at TARGET
+ *                             the way containerd's core/mount does: options that are mount
+ *                             flags become flags, propagation options a second call, the rest
+ *                             the data string; a read-only bind is remounted read-only; an
+ *                             overlay whose options near a page has its lowerdirs made
+ *                             relative to their common parent, which becomes the working
+ *                             directory. Anything the helper mounted is undone when a later
+ *                             step fails. Exit 0, or one line on stderr and exit 1.
+ *   tsbox-shim umount-all PATH
+ *                             unmounts everything at and below PATH (a task's rootfs at
+ *                             Delete), deepest first, per /proc/self/mountinfo; a mount that is
+ *                             busy is detached lazily and named on stdout ("detached PATH").
+ *                             Nothing mounted, or no PATH, is success.
  *   tsbox-shim lock PATH      one tsbox per state directory: opens or creates PATH, takes
  *                             flock(LOCK_EX|LOCK_NB) on it and writes its parent's pid (the
  *                             daemon's) into it, then answers one line on stdout:
@@ -64,6 +73,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -282,100 +292,362 @@ static int lock_mode(const char *path) {
   }
 }
 
-/* A mount option that is a flag (containerd's core/mount table); the rest become data. */
-struct mount_flag {
+/* "No such file or directory (ENOENT)": the message and the errno's name. */
+static const char *errno_text(int e) {
+  static char text[128];
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+  const char *name = strerrorname_np(e);
+  if (name != NULL) {
+    snprintf(text, sizeof text, "%s (%s)", strerror(e), name);
+    return text;
+  }
+#endif
+  snprintf(text, sizeof text, "%s (errno %d)", strerror(e), e);
+  return text;
+}
+
+/* containerd's mount option table (core/mount/mount_linux.go): each sets or clears a flag. */
+struct mount_option {
   const char *name;
   int clear;
   unsigned long flag;
 };
 
-static const struct mount_flag mount_flags[] = {
-    {"async", 1, MS_SYNCHRONOUS},   {"atime", 1, MS_NOATIME},       {"bind", 0, MS_BIND},
-    {"defaults", 0, 0},             {"dev", 1, MS_NODEV},           {"diratime", 1, MS_NODIRATIME},
-    {"dirsync", 0, MS_DIRSYNC},     {"exec", 1, MS_NOEXEC},         {"mand", 0, MS_MANDLOCK},
-    {"noatime", 0, MS_NOATIME},     {"nodev", 0, MS_NODEV},         {"nodiratime", 0, MS_NODIRATIME},
-    {"noexec", 0, MS_NOEXEC},       {"nomand", 1, MS_MANDLOCK},     {"norelatime", 1, MS_RELATIME},
-    {"nostrictatime", 1, MS_STRICTATIME}, {"nosuid", 0, MS_NOSUID}, {"rbind", 0, MS_BIND | MS_REC},
-    {"relatime", 0, MS_RELATIME},   {"remount", 0, MS_REMOUNT},     {"ro", 0, MS_RDONLY},
-    {"rw", 1, MS_RDONLY},           {"strictatime", 0, MS_STRICTATIME}, {"suid", 1, MS_NOSUID},
-    {"sync", 0, MS_SYNCHRONOUS},
+static const struct mount_option flag_options[] = {
+    {"async", 1, MS_SYNCHRONOUS},     {"atime", 1, MS_NOATIME},         {"bind", 0, MS_BIND},
+    {"dev", 1, MS_NODEV},             {"diratime", 1, MS_NODIRATIME},   {"dirsync", 0, MS_DIRSYNC},
+    {"exec", 1, MS_NOEXEC},           {"mand", 0, MS_MANDLOCK},         {"noatime", 0, MS_NOATIME},
+    {"nodev", 0, MS_NODEV},           {"nodiratime", 0, MS_NODIRATIME}, {"noexec", 0, MS_NOEXEC},
+    {"nomand", 1, MS_MANDLOCK},       {"norelatime", 1, MS_RELATIME},   {"nostrictatime", 1, MS_STRICTATIME},
+    {"nosuid", 0, MS_NOSUID},         {"rbind", 0, MS_BIND | MS_REC},   {"relatime", 0, MS_RELATIME},
+    {"remount", 0, MS_REMOUNT},       {"ro", 0, MS_RDONLY},             {"rw", 1, MS_RDONLY},
+    {"strictatime", 0, MS_STRICTATIME}, {"suid", 1, MS_NOSUID},         {"sync", 0, MS_SYNCHRONOUS},
+    /* No flag: mount(8)'s placeholder, dropped (containerd would pass it on as data). */
+    {"defaults", 0, 0},
 };
 
-static const struct mount_flag propagation_flags[] = {
-    {"private", 0, MS_PRIVATE},       {"rprivate", 0, MS_PRIVATE | MS_REC}, {"shared", 0, MS_SHARED},
-    {"rshared", 0, MS_SHARED | MS_REC}, {"slave", 0, MS_SLAVE},         {"rslave", 0, MS_SLAVE | MS_REC},
+/* Propagation is its own mount call; the r- forms take MS_REC for that call only. */
+static const struct mount_option propagation_options[] = {
+    {"private", 0, MS_PRIVATE}, {"rprivate", 0, MS_PRIVATE | MS_REC}, {"shared", 0, MS_SHARED},
+    {"rshared", 0, MS_SHARED | MS_REC}, {"slave", 0, MS_SLAVE}, {"rslave", 0, MS_SLAVE | MS_REC},
     {"unbindable", 0, MS_UNBINDABLE}, {"runbindable", 0, MS_UNBINDABLE | MS_REC},
 };
 
-static const struct mount_flag *find_flag(const struct mount_flag *table, size_t n, const char *name) {
+static const struct mount_option *find_option(const struct mount_option *table, size_t n, const char *name) {
   for (size_t i = 0; i < n; i++)
     if (strcmp(table[i].name, name) == 0) return &table[i];
   return NULL;
 }
 
+#define LOWERDIR "lowerdir="
+
 /*
- * tsbox-shim mount TARGET TYPE SOURCE [OPTION...]: one of containerd's mounts (a task's
- * rootfs). Options that are mount flags become flags, propagation options a second call, the
- * rest the data string; a read-only bind is remounted read-only, as the kernel ignores
- * MS_RDONLY on the bind itself.
+ * containerd's answer to the one-page limit of mount(2)'s data: the overlay's lowerdirs (the
+ * first lowerdir= option) made relative to the parent of their longest common prefix, which
+ * the mount then runs in. Writes that directory to `dir` (dir[0] == 0 when nothing can be
+ * compacted: one lowerdir, no absolute common parent other than /) and returns the index of
+ * the lowerdir option, or -1.
+ */
+static int compact_lowerdirs(char **opts, int nopts, char *dir, size_t dirsize) {
+  dir[0] = '\0';
+  int idx = -1;
+  for (int i = 0; i < nopts && idx < 0; i++)
+    if (strncmp(opts[i], LOWERDIR, strlen(LOWERDIR)) == 0) idx = i;
+  if (idx < 0) return -1;
+  const char *list = opts[idx] + strlen(LOWERDIR);
+  if (strchr(list, ':') == NULL) return -1;
+  /* The common prefix of all the dirs, cut back to its last slash. */
+  size_t common = strcspn(list, ":");
+  for (const char *d = list; d != NULL; d = strchr(d, ':') != NULL ? strchr(d, ':') + 1 : NULL) {
+    size_t n = 0;
+    while (n < common && d[n] != ':' && d[n] != '\0' && d[n] == list[n]) n++;
+    common = n;
+  }
+  while (common > 0 && list[common - 1] != '/') common--;
+  if (list[0] != '/' || common <= 1 || common > dirsize) return -1;
+  /* Every dir must keep a name of its own below the common directory. */
+  for (const char *d = list; d != NULL; d = strchr(d, ':') != NULL ? strchr(d, ':') + 1 : NULL)
+    if (d[common] == ':' || d[common] == '\0') return -1;
+  memcpy(dir, list, common - 1);
+  dir[common - 1] = '\0';
+  return idx;
+}
+
+/* Appends `text` (and a separator before it unless first) to data; data has room (measured). */
+static void append_data(char *data, size_t *len, const char *text, size_t n) {
+  if (*len > 0) data[(*len)++] = ',';
+  memcpy(data + *len, text, n);
+  *len += n;
+  data[*len] = '\0';
+}
+
+/*
+ * tsbox-shim mount TARGET TYPE SOURCE [OPTION...]: what containerd's Mount.mount does for the
+ * types tsbox takes (no loop devices, no id mapping: tsbox refuses those before it gets here).
  */
 static int mount_mode(int argc, char **argv) {
   const char *target = argv[2], *type = argv[3], *source = argv[4];
+  char **opts = argv + 5;
+  int nopts = argc - 5;
   unsigned long flags = 0, propagation = 0;
-  char data[4096];
-  size_t used = 0;
+  size_t size = 0, room = 1;
+  /* Absolute, as the mount may run in the lowerdirs' parent directory. */
+  if (target[0] != '/') {
+    fprintf(stderr, "mount %s on %s: the target is not an absolute path\n", type, target);
+    return 1;
+  }
+  for (int i = 0; i < nopts; i++) {
+    const struct mount_option *f = find_option(flag_options, sizeof flag_options / sizeof *flag_options, opts[i]);
+    const struct mount_option *p = find_option(propagation_options, sizeof propagation_options / sizeof *propagation_options, opts[i]);
+    size += strlen(opts[i]);
+    room += strlen(opts[i]) + 1;
+    if (f != NULL) flags = f->clear ? flags & ~f->flag : flags | f->flag;
+    else if (p != NULL) propagation |= p->flag;
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  if (page <= 512) {
+    fprintf(stderr, "mount %s on %s: sysconf(_SC_PAGESIZE) gave %ld\n", type, target, page);
+    return 1;
+  }
+  /* containerd compacts when the options (counted without separators) reach a page less 512. */
+  char dir[4096];
+  int lower = -1;
+  if (strcmp(type, "overlay") == 0 && size >= (size_t)page - 512) lower = compact_lowerdirs(opts, nopts, dir, sizeof dir);
+  char *data = malloc(room);
+  if (data == NULL) {
+    fprintf(stderr, "mount %s on %s: malloc %zu bytes: %s\n", type, target, room, errno_text(errno));
+    return 1;
+  }
+  size_t len = 0;
   data[0] = '\0';
-  for (int i = 5; i < argc; i++) {
-    const struct mount_flag *f = find_flag(mount_flags, sizeof mount_flags / sizeof *mount_flags, argv[i]);
-    const struct mount_flag *p = find_flag(propagation_flags, sizeof propagation_flags / sizeof *propagation_flags, argv[i]);
-    if (f != NULL) {
-      if (f->clear) flags &= ~f->flag;
-      else flags |= f->flag;
-    } else if (p != NULL) {
-      propagation |= p->flag;
-    } else {
-      size_t len = strlen(argv[i]);
-      if (used + len + 2 > sizeof data) {
-        fprintf(stderr, "mount %s on %s: its options are longer than the %zu bytes the kernel takes\n", type, target, sizeof data - 1);
-        return 1;
-      }
-      if (used > 0) data[used++] = ',';
-      memcpy(data + used, argv[i], len + 1);
-      used += len;
+  for (int i = 0; i < nopts; i++) {
+    if (i == lower || find_option(flag_options, sizeof flag_options / sizeof *flag_options, opts[i]) != NULL ||
+        find_option(propagation_options, sizeof propagation_options / sizeof *propagation_options, opts[i]) != NULL)
+      continue;
+    append_data(data, &len, opts[i], strlen(opts[i]));
+  }
+  if (lower >= 0) {
+    /* lowerdir=a/fs:b/fs, last, as containerd puts it. */
+    size_t cut = strlen(dir) + 1;
+    append_data(data, &len, LOWERDIR, strlen(LOWERDIR));
+    for (const char *d = opts[lower] + strlen(LOWERDIR); d != NULL;) {
+      const char *end = strchr(d, ':');
+      size_t n = end != NULL ? (size_t)(end - d) : strlen(d);
+      memcpy(data + len, d + cut, n - cut);
+      len += n - cut;
+      if (end != NULL) data[len++] = ':';
+      data[len] = '\0';
+      d = end != NULL ? end + 1 : NULL;
     }
   }
-  if (mount(source, target, type, flags, used > 0 ? data : NULL) < 0) {
-    fprintf(stderr, "mount %s %s on %s: %s\n", type, source, target, strerror(errno));
+  /* The kernel copies one page of data, its terminating NUL included. */
+  if (len >= (size_t)page) {
+    fprintf(stderr, "mount %s on %s: its data is %zu bytes%s%s, over the limit of %ld (one page less its NUL)\n", type, target, len,
+            lower >= 0 ? " with the lowerdirs relative to " : "", lower >= 0 ? dir : "", page - 1);
+    free(data);
     return 1;
   }
-  if ((flags & MS_BIND) && (flags & MS_RDONLY) && mount(NULL, target, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | (flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC)), NULL) < 0) {
-    fprintf(stderr, "remount %s read-only: %s\n", target, strerror(errno));
-    if (umount2(target, MNT_DETACH) < 0) fprintf(stderr, "unmount %s: %s\n", target, strerror(errno));
+  if (lower >= 0 && chdir(dir) < 0) {
+    fprintf(stderr, "mount %s on %s: chdir %s (the lowerdirs' common parent): %s\n", type, target, dir, errno_text(errno));
+    free(data);
     return 1;
   }
-  if (propagation != 0 && mount(NULL, target, NULL, propagation, NULL) < 0) {
-    fprintf(stderr, "set the propagation of %s: %s\n", target, strerror(errno));
-    if (umount2(target, MNT_DETACH) < 0) fprintf(stderr, "unmount %s: %s\n", target, strerror(errno));
+  char why[2 * PATH_MAX + 256];
+  int mounted = 0;
+  why[0] = '\0';
+  /* A remount that changes no data is only the calls below (containerd, moby/moby#34077). */
+  if (!(flags & MS_REMOUNT) || len > 0) {
+    if (mount(source, target, type, flags, len > 0 ? data : NULL) < 0) {
+      snprintf(why, sizeof why, "mount type %s from %s on %s (flags 0x%lx%s%s): %s", type, source, target, flags, lower >= 0 ? ", in " : "",
+               lower >= 0 ? dir : "", errno_text(errno));
+    } else {
+      mounted = !(flags & MS_REMOUNT);
+    }
+  }
+  if (why[0] == '\0' && propagation != 0 && mount(NULL, target, NULL, propagation, NULL) < 0)
+    snprintf(why, sizeof why, "mount propagation 0x%lx on %s: %s", propagation, target, errno_text(errno));
+  /* The kernel ignores MS_RDONLY on a new bind: a read-only bind takes a second call. */
+  if (why[0] == '\0' && (flags & (MS_BIND | MS_RDONLY)) == (MS_BIND | MS_RDONLY) &&
+      mount(NULL, target, NULL, flags | MS_REMOUNT, NULL) < 0)
+    snprintf(why, sizeof why, "remount read-only bind of %s on %s (flags 0x%lx): %s", source, target, flags | MS_REMOUNT, errno_text(errno));
+  free(data);
+  if (why[0] == '\0') return 0;
+  if (mounted && umount2(target, UMOUNT_NOFOLLOW) < 0)
+    fprintf(stderr, "%s; then unmount %s: %s\n", why, target, errno_text(errno));
+  else
+    fprintf(stderr, "%s\n", why);
+  return 1;
+}
+
+/* /proc/self/mountinfo, whole, NUL-terminated; NULL with errno on failure. */
+static char *read_mountinfo(void) {
+  int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  size_t size = 65536, len = 0;
+  char *buf = malloc(size);
+  for (;;) {
+    if (buf == NULL) break;
+    ssize_t n = read(fd, buf + len, size - len - 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    len += (size_t)n;
+    if (n == 0) {
+      buf[len] = '\0';
+      break;
+    }
+    if (len + 1 == size) {
+      char *bigger = realloc(buf, size *= 2);
+      if (bigger == NULL) free(buf);
+      buf = bigger;
+    }
+  }
+  int saved = errno;
+  if (close(fd) < 0 && buf != NULL) {
+    saved = errno;
+    free(buf);
+    buf = NULL;
+  }
+  errno = saved;
+  return buf;
+}
+
+/* mountinfo escapes space, tab, newline and backslash as \ooo: decoded in place. */
+static void unescape_octal(char *s) {
+  char *out = s;
+  for (; *s != '\0'; s++) {
+    if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+      *out++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+      s += 3;
+    } else {
+      *out++ = *s;
+    }
+  }
+  *out = '\0';
+}
+
+struct mount_point {
+  const char *path;
+  size_t order;
+};
+
+/* Deepest first; at one path the later mount (the top of the stack) first. */
+static int deepest_first(const void *a, const void *b) {
+  const struct mount_point *x = a, *y = b;
+  size_t lx = strlen(x->path), ly = strlen(y->path);
+  if (lx != ly) return lx < ly ? 1 : -1;
+  return x->order < y->order ? 1 : -1;
+}
+
+/*
+ * tsbox-shim umount-all PATH. Plain umount first, as containerd's UnmountRecursive does. Where
+ * containerd retries a busy mount for 2.5 s and then fails the Delete, this detaches it: a
+ * task's rootfs is unmounted once its processes are gone, so whatever still holds it is
+ * outside the task (an open file, a working directory), and a rootfs left mounted would keep
+ * containerd from removing the bundle and would outlive the task with nobody to unmount it.
+ */
+static int umount_all_mode(const char *path) {
+  char root[PATH_MAX];
+  if (realpath(path, root) == NULL) {
+    if (errno == ENOENT) return 0;
+    fprintf(stderr, "unmount everything at %s: realpath: %s\n", path, errno_text(errno));
     return 1;
   }
-  return 0;
+  if (strcmp(root, "/") == 0) {
+    fprintf(stderr, "unmount everything at %s: refused, it is /\n", path);
+    return 1;
+  }
+  size_t rootlen = strlen(root);
+  /* Rounds: a busy mount may be busy only with a mount below it that another mount stacked on
+     top hid until now, so it waits for the next round; it is detached only when a whole round
+     unmounted nothing. The limit guards against mounts that keep appearing under PATH. */
+  int lazy = 0;
+  char left[PATH_MAX];
+  left[0] = '\0';
+  for (int round = 0; round < 64; round++) {
+    char *info = read_mountinfo();
+    if (info == NULL) {
+      fprintf(stderr, "unmount everything at %s: read /proc/self/mountinfo: %s\n", root, errno_text(errno));
+      return 1;
+    }
+    size_t count = 0, cap = 16;
+    struct mount_point *points = malloc(cap * sizeof *points);
+    char *save = NULL;
+    for (char *line = strtok_r(info, "\n", &save); line != NULL && points != NULL; line = strtok_r(NULL, "\n", &save)) {
+      /* id parent major:minor root MOUNTPOINT options ... */
+      char *field = line;
+      for (int i = 0; i < 4 && field != NULL; i++) field = strchr(field, ' ') != NULL ? strchr(field, ' ') + 1 : NULL;
+      if (field == NULL) continue;
+      char *end = strchr(field, ' ');
+      if (end != NULL) *end = '\0';
+      unescape_octal(field);
+      if (strncmp(field, root, rootlen) != 0 || (field[rootlen] != '\0' && field[rootlen] != '/')) continue;
+      if (count == cap) {
+        struct mount_point *more = realloc(points, (cap *= 2) * sizeof *points);
+        if (more == NULL) free(points);
+        points = more;
+        if (points == NULL) break;
+      }
+      points[count].path = field;
+      points[count].order = count;
+      count++;
+    }
+    if (points == NULL) {
+      fprintf(stderr, "unmount everything at %s: malloc: %s\n", root, errno_text(ENOMEM));
+      free(info);
+      return 1;
+    }
+    if (count == 0) {
+      free(points);
+      free(info);
+      return 0;
+    }
+    qsort(points, count, sizeof *points, deepest_first);
+    int progress = 0;
+    for (size_t i = 0; i < count; i++) {
+      const char *p = points[i].path;
+      if (umount2(p, UMOUNT_NOFOLLOW) == 0) {
+        progress = 1;
+        continue;
+      }
+      if (errno == EINVAL || errno == ENOENT || (errno == EBUSY && !lazy)) {
+        snprintf(left, sizeof left, "%s", p);
+        continue;
+      }
+      if (errno == EBUSY && umount2(p, MNT_DETACH | UMOUNT_NOFOLLOW) == 0) {
+        progress = 1;
+        /* Told, not required: the mount is gone from here either way. */
+        if (printf("detached %s\n", p) < 0) { /* nobody reads the note */ }
+        continue;
+      }
+      fprintf(stderr, "unmount %s: %s\n", p, errno_text(errno));
+      free(points);
+      free(info);
+      return 1;
+    }
+    free(points);
+    free(info);
+    lazy = !progress;
+  }
+  fprintf(stderr, "unmount everything at %s: %s is still mounted after 64 rounds\n", root, left);
+  return 1;
 }
 
 static int helper_mode(int argc, char **argv) {
-  if (strcmp(argv[1], "umount") == 0 && (argc == 3 || (argc == 4 && strcmp(argv[3], "--all") == 0))) {
-    /* --all: every mount stacked on PATH (and, detached, all below it), until none is left. */
-    for (int i = 0; i < (argc == 4 ? 64 : 1); i++) {
-      if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0) {
-        if (errno == EINVAL || errno == ENOENT) return 0;
-        fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
-        return 1;
-      }
+  if (strcmp(argv[1], "umount") == 0 && argc == 3) {
+    if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
+      fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
+      return 1;
     }
     return 0;
   }
-  if (strcmp(argv[1], "mount") == 0 && argc >= 5) return mount_mode(argc, argv);
   if (strcmp(argv[1], "lock") == 0 && argc == 3) return lock_mode(argv[2]);
-  fprintf(stderr, "usage: tsbox-shim umount PATH [--all] | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH\n");
+  if (strcmp(argv[1], "mount") == 0 && argc >= 5) return mount_mode(argc, argv);
+  if (strcmp(argv[1], "umount-all") == 0 && argc == 3) return umount_all_mode(argv[2]);
+  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim umount-all PATH | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH\n");
   return 2;
 }
 

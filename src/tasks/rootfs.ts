@@ -1,75 +1,154 @@
 import { execFile } from 'node:child_process';
-import { isAbsolute, join, normalize } from 'node:path';
+import { realpath } from 'node:fs/promises';
+import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, ignoreError } from '../errors.js';
+import { TsboxError, abortError, messageOf, withPath } from '../errors.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
 
 /**
- * A task's root file system: containerd hands the task server an empty `<bundle>/rootfs` and
- * the snapshotter's mounts (an overlay, or a bind for a single read-only layer), and mounting
- * them is the server's job (the runc shim does it in its Create). Node has no mount(2), so the
- * supervisor binary's `mount` helper mode does each one.
+ * A task's root file system. containerd hands the task server an empty `<bundle>/rootfs` and the
+ * snapshotter's mounts, and mounting them there is the server's job, as is unmounting them at
+ * Delete (the runc shim does both: `mount.All` in its Create, `UnmountRecursive` in its Delete).
+ * Node has no mount(2): the supervisor binary's `mount` and `umount-all` helper modes make the
+ * calls, translating options the way containerd's core/mount does.
  */
 
-/** The mount types snapshotters hand out that tsbox mounts; anything else is refused up front. */
-const MOUNT_TYPES = new Set(['overlay', 'bind', 'rbind', 'tmpfs']);
+/**
+ * The mount types tsbox mounts: what the overlayfs and native snapshotters hand out (an
+ * overlay; a bind, read-only or not, for a snapshot of one layer) and a tmpfs. btrfs, erofs,
+ * devmapper's block devices and fuse types are refused, as containerd types that tsbox does not
+ * mount (task API research §7.4).
+ */
+export const ROOTFS_MOUNT_TYPES: readonly string[] = ['overlay', 'bind', 'tmpfs'];
 
+/** How long one helper run may take; a mount or unmount is one or a few system calls. */
 const HELPER_TIMEOUT_MS = 30_000;
 
-function runHelper(helperPath: string, args: readonly string[], what: string, signal?: CallSignal): Promise<void> {
+/**
+ * The reason an option is refused, or undefined. containerd acts on these itself before
+ * mount(2) (a loop device, id-mapped mounts, the 2.2 mount manager's own options); passed on as
+ * data they would be ignored by a bind, which would then not be what was asked for.
+ */
+function refusedOption(option: string): string | undefined {
+  if (option === 'loop') return 'loop devices';
+  if (option.startsWith('uidmap=') || option.startsWith('gidmap=')) return 'id-mapped mounts';
+  if (option.startsWith('X-containerd.')) return "containerd's own mount options";
+  return undefined;
+}
+
+/** Where a mount goes: containerd's `target` is inside the rootfs (empty: the rootfs itself). */
+export function mountTarget(rootfs: string, mount: Mount): string {
+  if (mount.target === '') return rootfs;
+  return join(rootfs, normalize(join(sep, mount.target)));
+}
+
+/** `what` for messages: "rootfs mount 2 of 3 (bind /a/b)". */
+function describe(mounts: readonly Mount[], index: number): string {
+  const m = mounts[index];
+  return `rootfs mount ${index + 1} of ${mounts.length} (${m?.type ?? ''} ${m?.source ?? ''}${m?.target ? ` at ${m.target}` : ''})`;
+}
+
+/**
+ * Throws InvalidArgument, naming the mount, when any of `mounts` is one tsbox does not mount:
+ * checked for all of them before anything is mounted.
+ */
+export function checkRootfsMounts(mounts: readonly Mount[]): void {
+  mounts.forEach((m, i) => {
+    const what = describe(mounts, i);
+    if (!ROOTFS_MOUNT_TYPES.includes(m.type)) {
+      throw new TsboxError('InvalidArgument', `${what}: type ${JSON.stringify(m.type)} is not one tsbox mounts (${ROOTFS_MOUNT_TYPES.join(', ')})`);
+    }
+    if ([m.type, m.source, m.target, ...m.options].some((s) => s.includes('\0'))) throw new TsboxError('InvalidArgument', `${what}: contains a NUL byte`);
+    if (m.source === '') throw new TsboxError('InvalidArgument', `${what}: has no source`);
+    for (const option of m.options) {
+      const reason = refusedOption(option);
+      if (reason !== undefined) throw new TsboxError('InvalidArgument', `${what}: option ${JSON.stringify(option)} asks for ${reason}, which tsbox does not mount`);
+    }
+    // The kernel takes a bind only with MS_BIND; containerd's type "bind" alone sets nothing.
+    if (m.type === 'bind' && !m.options.includes('bind') && !m.options.includes('rbind')) {
+      throw new TsboxError('InvalidArgument', `${what}: a bind mount needs the option bind or rbind`);
+    }
+  });
+}
+
+/** The helper's arguments for one mount at `target`. */
+export function mountArgs(mount: Mount, target: string): string[] {
+  return ['mount', target, mount.type, mount.source, ...mount.options];
+}
+
+/** Runs the helper; its stdout on success, else a TsboxError carrying its one line of stderr. */
+function runHelper(helperPath: string, args: readonly string[], what: string, signal?: CallSignal): Promise<string> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) {
       reject(abortError(signal));
       return;
     }
-    execFile(helperPath, args, { timeout: HELPER_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) }, (err, _stdout, stderr) => {
-      if (err === null) {
-        resolve();
-        return;
-      }
-      if (signal?.aborted) reject(abortError(signal));
-      else reject(new TsboxError('Internal', `cannot ${what}: ${stderr.trim() || err.message}`, { cause: err }));
+    const options = { encoding: 'utf8' as const, timeout: HELPER_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) };
+    execFile(helperPath, args, options, (err, stdout, stderr) => {
+      if (err === null) resolve(stdout);
+      else if (signal?.aborted) reject(abortError(signal));
+      else reject(new TsboxError('Internal', `${what}: ${stderr.trim() || messageOf(err)}`, { cause: err }));
     });
   });
 }
 
-/** Where a mount goes: its target is relative to the rootfs (empty: the rootfs itself). */
-function targetOf(rootfs: string, mount: Mount): string {
-  if (mount.target === '') return rootfs;
-  const inside = normalize(join('/', mount.target));
-  return join(rootfs, inside);
-}
-
 /**
- * Mounts `mounts` in order onto `rootfs`. A type tsbox does not mount is InvalidArgument before
- * anything is mounted; a failure part-way unmounts what was mounted, so nothing is left.
+ * Mounts `mounts` onto `rootfs` in order (a nested mount's target must lie inside the rootfs
+ * once the mounts before it are in place). A mount tsbox does not mount is InvalidArgument
+ * before anything is mounted. On any later failure, or when `signal` aborts, everything at and
+ * below `rootfs` is unmounted again before the error is thrown: nothing is left mounted.
  */
 export async function mountRootfs(helperPath: string, mounts: readonly Mount[], rootfs: string, signal?: CallSignal): Promise<void> {
   if (!isAbsolute(rootfs)) throw new TsboxError('InvalidArgument', `rootfs ${rootfs} is not an absolute path`);
-  for (const m of mounts) {
-    if (!MOUNT_TYPES.has(m.type)) {
-      throw new TsboxError('InvalidArgument', `rootfs mount of type ${JSON.stringify(m.type)} is not supported (tsbox mounts ${[...MOUNT_TYPES].join(', ')})`);
-    }
-    for (const text of [m.source, m.target, ...m.options]) {
-      if (text.includes('\0')) throw new TsboxError('InvalidArgument', 'a rootfs mount contains a NUL byte');
-    }
-  }
-  const done: string[] = [];
+  checkRootfsMounts(mounts);
+  const root = await realpath(rootfs).catch((err: unknown) => {
+    throw withPath(err, rootfs, 'resolve the rootfs');
+  });
+  if (root === sep) throw new TsboxError('InvalidArgument', `rootfs ${rootfs} is /`);
   try {
-    for (const m of mounts) {
-      const target = targetOf(rootfs, m);
-      const options = m.type === 'rbind' ? ['rbind', ...m.options] : m.options;
-      const type = m.type === 'rbind' ? 'bind' : m.type;
-      await runHelper(helperPath, ['mount', target, type, m.source, ...options], `mount the rootfs (${m.type} ${m.source} on ${target})`, signal);
-      done.push(target);
+    for (let i = 0; i < mounts.length; i++) {
+      const mount = mounts[i] as Mount;
+      const target = await insideRootfs(root, mountTarget(root, mount), describe(mounts, i));
+      await runHelper(helperPath, mountArgs(mount, target), `cannot mount ${describe(mounts, i)} on ${target}`, signal);
     }
   } catch (err) {
-    for (const target of done.reverse()) await unmountRootfs(helperPath, target).catch(ignoreError('the mount failure is the error reported'));
-    throw err;
+    // Without the signal: the clean-up must finish even when the call was cancelled.
+    const undone = await unmountRootfs(helperPath, rootfs).then(
+      () => undefined,
+      (cleanup: unknown) => cleanup,
+    );
+    if (undone === undefined) throw err;
+    const kind = err instanceof TsboxError ? err.kind : 'Internal';
+    throw new TsboxError(kind, `${messageOf(err)}; unmounting the rootfs again failed too: ${messageOf(undone)}`, { cause: err });
   }
 }
 
-/** Unmounts everything mounted on `rootfs` (a task's Delete); nothing mounted is fine. */
-export async function unmountRootfs(helperPath: string, rootfs: string, signal?: CallSignal): Promise<void> {
-  await runHelper(helperPath, ['umount', rootfs, '--all'], `unmount the rootfs ${rootfs}`, signal);
+/**
+ * The real path of a nested mount's target, which must stay inside the rootfs: the image's own
+ * files (a symlink in a layer) must not send a mount to the host. containerd resolves such a
+ * path as if the rootfs were `/`; tsbox refuses it instead.
+ */
+async function insideRootfs(root: string, target: string, what: string): Promise<string> {
+  if (target === root) return root;
+  const real = await realpath(target).catch((err: unknown) => {
+    throw withPath(err, target, `resolve the target of ${what}`);
+  });
+  if (real !== root && !real.startsWith(root + sep)) {
+    throw new TsboxError('InvalidArgument', `${what}: its target ${target} resolves to ${real}, outside the rootfs`);
+  }
+  return real;
+}
+
+/**
+ * Unmounts everything at and below `rootfs`, deepest first (a task's Delete). Nothing mounted,
+ * or no such directory, is success, so it can be called again. A mount still busy (something
+ * outside the task holds a file in it) is detached lazily; its path is in `detached`.
+ */
+export async function unmountRootfs(helperPath: string, rootfs: string, signal?: CallSignal): Promise<{ readonly detached: readonly string[] }> {
+  const out = await runHelper(helperPath, ['umount-all', rootfs], `cannot unmount the rootfs ${rootfs}`, signal);
+  const detached = out
+    .split('\n')
+    .filter((line) => line.startsWith('detached '))
+    .map((line) => line.slice('detached '.length));
+  return { detached };
 }

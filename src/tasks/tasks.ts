@@ -57,7 +57,8 @@ export interface ProcessState extends ProcessIo {
 /** Mounts a task's rootfs (Node has no mount(2): a native helper does it). */
 export interface RootfsMounter {
   mount(mounts: readonly Mount[], target: string, signal?: CallSignal): Promise<void>;
-  unmount(target: string, signal?: CallSignal): Promise<void>;
+  /** Everything at and below `target`; a mount still busy is detached lazily and named in `detached`. */
+  unmount(target: string, signal?: CallSignal): Promise<{ readonly detached: readonly string[] }>;
 }
 
 /** Task events for containerd's event bus (CRI acts on TaskOOM); publishing never fails a call. */
@@ -499,7 +500,8 @@ export class TaskTable {
       task.deleted = true;
       this.#tasks.delete(this.#key(ns, id));
       for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
-      await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
+      const { detached } = await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
+      if (detached.length > 0) this.#log.warn({ id, detached }, 'the rootfs was still busy at delete: detached lazily, it goes when its last user does');
       await rm(task.dir, { recursive: true, force: true });
       this.#opts.events.deleted(ns, id, proc.pid, exit);
       return { pid: proc.pid, exit };
