@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
-import { createSandboxClients } from '../support/containerd-clients.js';
+import { createSandboxClients, grpc } from '../support/containerd-clients.js';
 import { type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { waitFor } from '../support/tsbox-daemon.js';
 
@@ -164,6 +164,19 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.equal((await containerState(b)).exitCode, 9, 'b\'s own exit code, not 255');
       await env.cri.call('StopContainer', { container_id: a, timeout: 10 }, { timeoutMs: 60_000 });
       assert.equal((await containerState(a)).exitCode, 0);
+      // containerd's channel to tsbox's sandbox socket backs off after the restarts (at most
+      // 3 s in containerd 2.1); its calls fail UNAVAILABLE until it redials, as kubelet sees.
+      await waitFor(
+        async () => {
+          try {
+            return (await env.cri.call('PodSandboxStatus', { pod_sandbox_id: id })).status?.state === 'SANDBOX_READY';
+          } catch (err) {
+            if ((err as { code?: number }).code === grpc.status.UNAVAILABLE) return false;
+            throw err;
+          }
+        },
+        { what: 'CRI reaches tsbox\'s sandbox socket again', timeoutMs: 30_000 },
+      );
       await removePod(id, [a, b]);
       await assertNothingLeft(id, [a, b]);
     }));
