@@ -1,11 +1,14 @@
 /**
  * Whole pods through CRI, tsbox against containerd's own podsandbox (handler `runc`), on the
- * same containerd with the same image, alternating in one run: what a node feels. For each
- * handler: the latency of each step of a pod with one container (RunPodSandbox,
+ * same containerd with the same image, alternating in one run: what a node feels. tsbox runs
+ * under two handlers: `tsbox` (the version-2 route: containerd's runc shim runs the pod's
+ * containers) and `tsbox-task` (the Task API route: tsbox runs them, a holder per container,
+ * no shim). For each handler: the latency of each step of a pod with one container (RunPodSandbox,
  * CreateContainer, StartContainer, then the teardown kubelet does), serially and 4 pods at
  * once, pods per second, and the memory of running pods (PSS of every process of the pod:
- * the sandbox process, its supervisor, the container and the runc shim serving the pod, plus
- * the change of tsbox's own PSS, and of containerd's, per pod: signed, negative when it shrank).
+ * the sandbox process, its supervisor, the container and the runc shim serving the pod or the
+ * container's holder, plus the change of tsbox's own PSS and its task front's, and of
+ * containerd's, per pod: signed, negative when it shrank).
  *
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--json out.json]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
@@ -17,7 +20,7 @@ import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { PodSandboxConfig } from '../test/support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
+import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
 
 const { values } = parseArgs({
   options: {
@@ -36,7 +39,7 @@ const SERIAL = Number(values.serial);
 const CONCURRENT = Number(values.concurrent);
 const MEMORY_PODS = Number(values['memory-pods']);
 const PARALLEL = 4;
-const HANDLERS = [TSBOX_HANDLER, RUNC_HANDLER] as const;
+const HANDLERS = [TSBOX_HANDLER, TSBOX_TASK_HANDLER, RUNC_HANDLER] as const;
 type Handler = (typeof HANDLERS)[number];
 const STEPS = ['run', 'create', 'start', 'podStart', 'teardown', 'lifecycle'] as const;
 type Step = (typeof STEPS)[number];
@@ -112,13 +115,37 @@ function pidsInCgroup(prefix: string): number[] {
   return out;
 }
 
-/** The processes of a running pod, found from the host: its cgroup tree and its runc shim. */
+/** The holders (tsbox-ctr) of a container, by the id on their command line. */
+function holdersOf(container: string): number[] {
+  const out: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+      if ((argv[0] ?? '').endsWith('tsbox-ctr') && argv[argv.indexOf('--id') + 1] === container) out.push(Number(entry));
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return out;
+}
+
+/** The task front's pid for this tsbox, 0 when none runs. */
+function frontPid(env: PodEnv): number {
+  try {
+    return Number(readFileSync(`${env.tsbox.stateDir}/task-front.pid`, 'utf8').trim());
+  } catch {
+    return 0; // no front started
+  }
+}
+
+/** The processes of a running pod, found from the host: its cgroup tree, its runc shim or its containers' holders. */
 function podProcesses(env: PodEnv, pod: Pod): number[] {
   const parent = pod.config.linux?.cgroup_parent ?? '';
   const shims = runcShimsOf(env)
     .filter((s) => s.sockets.includes(podShimSocket(env, pod.id)))
     .map((s) => s.pid);
-  return [...new Set([...pidsInCgroup(parent), ...shims])];
+  return [...new Set([...pidsInCgroup(parent), ...shims, ...(pod.container === '' ? [] : holdersOf(pod.container))])];
 }
 
 async function settle(): Promise<void> {
@@ -128,7 +155,7 @@ async function settle(): Promise<void> {
 interface MemoryFigures {
   /** PSS of the pod's own processes, per pod. */
   readonly podProcessesKiB: number;
-  /** Change of tsbox's PSS, per pod, negative when it shrank (0 for podsandbox). */
+  /** Change of tsbox's PSS and its task front's, per pod, negative when it shrank (0 for podsandbox). */
   readonly tsboxKiB: number;
   /** Change of containerd's PSS, per pod, negative when it shrank. */
   readonly containerdKiB: number;
@@ -139,8 +166,9 @@ interface MemoryFigures {
 async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigures> {
   const tsboxPid = env.tsbox.pid ?? 0;
   const containerdPid = env.containerd.pid ?? 0;
+  const front = frontPid(env);
   await settle();
-  const before = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
+  const before = { tsbox: pssKiB(tsboxPid) + pssKiB(front), containerd: pssKiB(containerdPid) };
   const pods: Pod[] = [];
   for (let i = 0; i < MEMORY_PODS; i++) pods.push(await startPod(env, handler, `mem-${handler}-${i}`));
   await settle();
@@ -151,10 +179,10 @@ async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigur
     processes += pids.length;
     for (const pid of pids) podKiB += pssKiB(pid);
   }
-  const after = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
+  const after = { tsbox: pssKiB(tsboxPid) + pssKiB(front), containerd: pssKiB(containerdPid) };
   for (const pod of pods) await removePod(env, pod);
   // Signed: a daemon that shrank while the pods ran (a collection, pages returned) shows as such.
-  const tsboxKiB = handler === TSBOX_HANDLER ? (after.tsbox - before.tsbox) / MEMORY_PODS : 0;
+  const tsboxKiB = handler === RUNC_HANDLER ? 0 : (after.tsbox - before.tsbox) / MEMORY_PODS;
   const containerdKiB = (after.containerd - before.containerd) / MEMORY_PODS;
   const podProcessesKiB = podKiB / MEMORY_PODS;
   return { podProcessesKiB, tsboxKiB, containerdKiB, totalKiB: podProcessesKiB + tsboxKiB + containerdKiB, processesPerPod: processes / MEMORY_PODS };
@@ -169,16 +197,16 @@ async function main(): Promise<void> {
     containerdLogLevel: 'warn',
     ...(values['tsbox-main'] === undefined ? {} : { tsboxMain: values['tsbox-main'] }),
   });
-  const serial: Samples = { tsbox: empty(), runc: empty() };
-  const concurrent: Samples = { tsbox: empty(), runc: empty() };
-  const rate: Record<Handler, number[]> = { tsbox: [], runc: [] };
-  const memory: Record<Handler, MemoryFigures[]> = { tsbox: [], runc: [] };
+  const serial: Samples = { tsbox: empty(), 'tsbox-task': empty(), runc: empty() };
+  const concurrent: Samples = { tsbox: empty(), 'tsbox-task': empty(), runc: empty() };
+  const rate: Record<Handler, number[]> = { tsbox: [], 'tsbox-task': [], runc: [] };
+  const memory: Record<Handler, MemoryFigures[]> = { tsbox: [], 'tsbox-task': [], runc: [] };
   try {
     // One warm-up pod per handler: the first container of an image pays for its snapshot.
     for (const h of HANDLERS) await removePod(env, await startPod(env, h, `warm-${h}`));
     for (let round = 0; round < ROUNDS; round++) {
-      // Alternate which handler goes first, so that neither always runs on a warmer node.
-      const order = round % 2 === 0 ? HANDLERS : ([...HANDLERS].reverse() as unknown as typeof HANDLERS);
+      // Rotate which handler goes first, so that none always runs on a warmer node.
+      const order = [...HANDLERS.slice(round % HANDLERS.length), ...HANDLERS.slice(0, round % HANDLERS.length)];
       for (const h of order) {
         for (let i = 0; i < SERIAL; i++) {
           const times: Partial<Record<Step, number>> = {};
@@ -221,23 +249,20 @@ async function main(): Promise<void> {
   const rows: string[][] = [];
   const ratio = (a: number, b: number): string => (Number.isFinite(a / b) ? (a / b).toFixed(2) : '–');
   const ms = (x: number): string => x.toFixed(1);
+  const TSBOXES = [TSBOX_HANDLER, TSBOX_TASK_HANDLER] as const;
   for (const [label, samples] of [
     ['serial', serial],
     [`${PARALLEL} at once`, concurrent],
   ] as const) {
     for (const step of STEPS) {
-      const t = samples.tsbox[step].filter(Number.isFinite);
       const r = samples.runc[step].filter(Number.isFinite);
-      if (t.length === 0) continue;
-      rows.push([
-        `${label}: ${step} p50 / p90 / p99 ms`,
-        `${ms(percentile(r, 50))} / ${ms(percentile(r, 90))} / ${ms(percentile(r, 99))}`,
-        `${ms(percentile(t, 50))} / ${ms(percentile(t, 90))} / ${ms(percentile(t, 99))}`,
-        ratio(percentile(t, 50), percentile(r, 50)),
-      ]);
+      if (r.length === 0 || samples.tsbox[step].filter(Number.isFinite).length === 0) continue;
+      const cell = (xs: number[]): string => `${ms(percentile(xs, 50))} / ${ms(percentile(xs, 90))} / ${ms(percentile(xs, 99))}`;
+      const ts = TSBOXES.map((h) => samples[h][step].filter(Number.isFinite));
+      rows.push([`${label}: ${step} p50 / p90 / p99 ms`, cell(r), ...ts.map(cell), ...ts.map((t) => ratio(percentile(t, 50), percentile(r, 50)))]);
     }
   }
-  rows.push([`${PARALLEL} at once: pods started per second`, med(rate.runc).toFixed(1), med(rate.tsbox).toFixed(1), ratio(med(rate.tsbox), med(rate.runc))]);
+  rows.push([`${PARALLEL} at once: pods started per second`, med(rate.runc).toFixed(1), ...TSBOXES.map((h) => med(rate[h]).toFixed(1)), ...TSBOXES.map((h) => ratio(med(rate[h]), med(rate.runc)))]);
   const memMed = (h: Handler, k: keyof MemoryFigures): number => med(memory[h].map((m) => m[k]));
   /** A daemon's change with its sign (+12, -3, 0); the other figures cannot be negative. */
   const signed = (x: number): string => {
@@ -247,14 +272,14 @@ async function main(): Promise<void> {
   for (const [key, label] of [
     ['totalKiB', `memory per running pod (${SANDBOX_ONLY ? 'no container' : '1 container'}), KiB`],
     ['podProcessesKiB', '  of which the pod\'s processes (PSS), KiB'],
-    ['tsboxKiB', '  of which tsbox\'s growth, KiB'],
+    ['tsboxKiB', '  of which tsbox\'s and its task front\'s growth, KiB'],
     ['containerdKiB', '  of which containerd\'s growth, KiB'],
     ['processesPerPod', 'processes per pod (shim, sandbox, container…)'],
   ] as const) {
     const show = key === 'tsboxKiB' || key === 'containerdKiB' ? signed : (x: number): string => x.toFixed(0);
-    rows.push([label, show(memMed('runc', key)), show(memMed('tsbox', key)), ratio(memMed('tsbox', key), memMed('runc', key))]);
+    rows.push([label, show(memMed('runc', key)), ...TSBOXES.map((h) => show(memMed(h, key))), ...TSBOXES.map((h) => ratio(memMed(h, key), memMed('runc', key)))]);
   }
-  const header = ['figure (through CRI, one run)', 'podsandbox (runc)', 'tsbox', 'tsbox/podsandbox'];
+  const header = ['figure (through CRI, one run)', 'podsandbox (runc)', 'tsbox, shim route', 'tsbox, Task API route', 'shim route / podsandbox', 'Task API route / podsandbox'];
   const table = [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');
   const when = new Date().toISOString().slice(0, 16).replace('T', ' ');
   process.stdout.write(
