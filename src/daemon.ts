@@ -33,7 +33,9 @@ export interface Daemon {
   stop(): Promise<void>;
 }
 
-async function createBackend(config: Config, logger: Logger): Promise<RuntimeBackend> {
+type TaskApi = NonNullable<ConstructorParameters<typeof ProcessBackend>[0]['taskApi']>;
+
+async function createBackend(config: Config, logger: Logger, taskApi: TaskApi): Promise<RuntimeBackend> {
   if (config.backend === 'noop') {
     logger.warn('backend "noop": sandboxes run no process (for benchmarks only)');
     return new NoopBackend();
@@ -51,7 +53,7 @@ async function createBackend(config: Config, logger: Logger): Promise<RuntimeBac
     systemd: systemdIsInit() ? new SystemdScopes(() => connectSystemd(systemdLog), systemdLog) : undefined,
     podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
     containerdAddress: config.containerdAddress,
-    taskApi: { address: config.taskSocket, handlers: config.taskApiHandlers },
+    taskApi,
     startTimeoutMs: config.startTimeoutMs,
     killTimeoutMs: config.killTimeoutMs,
     logger: logger.child({ component: 'process-backend' }),
@@ -177,12 +179,18 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   const metrics = config.metricsAddress !== '' ? createMetrics() : undefined;
   let metricsServer: MetricsServer | undefined;
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
-  const rawBackend = await createBackend(config, logger);
+  const taskApi: TaskApi = { address: config.taskSocket, handlers: config.taskApiHandlers };
+  const rawBackend = await createBackend(config, logger, taskApi);
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // listening before containerd may look for it.
   const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir)))
     ? await startTasks(config, logger)
     : undefined;
+  if (taskServer !== undefined) {
+    const { tasks } = taskServer;
+    // A sandbox's Shutdown deletes the tasks it left (bounded; never fails the Shutdown).
+    taskApi.removeSandboxTasks = (namespace, sandboxId) => tasks.removeSandboxTasks(namespace, sandboxId, AbortSignal.timeout(30_000));
+  }
   const backend = metrics !== undefined ? instrumentBackend(rawBackend, metrics) : rawBackend;
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.

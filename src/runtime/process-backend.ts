@@ -54,7 +54,12 @@ export interface ProcessBackendOptions {
    * The Task API v3 route: pods of these CRI runtime handlers (`*`: all) are told tsbox's own
    * task socket, version 3, and containerd runs no shim for them.
    */
-  readonly taskApi?: { readonly address: string; readonly handlers: readonly string[] };
+  readonly taskApi?: {
+    readonly address: string;
+    readonly handlers: readonly string[];
+    /** Deletes the tasks a sandbox left (set once the task server runs). */
+    removeSandboxTasks?: (namespace: string, sandboxId: string) => Promise<void>;
+  };
   /** How long the supervisor may take to answer its start handshake. */
   readonly startTimeoutMs: number;
   /** How long a sandbox's processes may take to die of SIGKILL before a clean-up fails. */
@@ -393,6 +398,7 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
+    await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
     await stopPodShims(spec.namespace, spec.id, log);
     await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
     await podFiles?.remove(spec.id);

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, isGone, isTsboxError, messageOf, readIfPresent, withPath } from '../errors.js';
+import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresent, withPath } from '../errors.js';
 import { Options as RuncHandlerOptions } from '../gen/containerd/runc/v1/options.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
 import { Status } from '../gen/containerd/v1/types/task.js';
@@ -104,6 +104,8 @@ interface TaskRecord extends ProcessIo {
   readonly bundle: string;
   readonly systemdCgroup: boolean;
   readonly runcPath: string;
+  /** The sandbox the task belongs to (containerd's `<bundle>/sandbox`); '' when it names none. */
+  readonly sandboxId?: string;
 }
 
 /** The record of an exec, in `<task dir>/<exec key>/exec.json`. */
@@ -274,6 +276,7 @@ export class TaskTable {
         terminal: request.terminal,
         systemdCgroup: options.systemdCgroup,
         runcPath: options.binaryName || this.#opts.runcPath,
+        sandboxId: ((await readIfPresent(join(request.bundle, 'sandbox'))) ?? '').trim(),
       };
       const rootfs = join(request.bundle, 'rootfs');
       await rm(dir, { recursive: true, force: true });
@@ -572,6 +575,38 @@ export class TaskTable {
       throw new TsboxError('InvalidArgument', `task ${id}: the resources are not an OCI LinuxResources in JSON: ${messageOf(err)}`, { cause: err });
     }
     await runc(this.#runc(task.record), ['update', '--resources', '-', id], { input: json, signal });
+  }
+
+  /**
+   * Ends and deletes every task of a sandbox that is still here when the sandbox goes (its
+   * Shutdown): tasks containerd lost track of (a failure between its calls, a restart) would
+   * otherwise run on with no pod. Bounded: a process that does not die of SIGKILL within 10 s
+   * is logged and its task left.
+   */
+  async removeSandboxTasks(ns: string, sandboxId: string, signal: CallSignal): Promise<void> {
+    const tasks = [...this.#tasks.values()].filter((t) => !t.deleted && t.record.namespace === ns && t.record.sandboxId === sandboxId && sandboxId !== '');
+    for (const task of tasks) {
+      const id = task.record.id;
+      this.#log.warn({ ns, id, sandbox: sandboxId }, 'deleting a task its sandbox left behind');
+      try {
+        for (const exec of task.execs.values()) {
+          if (exec.pid > 0 && exec.exit === undefined) await this.kill(ns, id, exec.execId, 9, false, signal).catch(ignoreError('it ended meanwhile'));
+        }
+        if (task.init.exit === undefined) {
+          await runc(this.#runc(task.record), ['kill', '--all', id, '9'], { signal }).catch((err: unknown) => {
+            if (!isTsboxError(err, 'NotFound')) throw err;
+          });
+          if ((await this.#settledWithin(task.init, 10_000)) === undefined) {
+            this.#log.error({ ns, id }, 'a task of a removed sandbox did not end within 10 s of SIGKILL; it is left');
+            continue;
+          }
+        }
+        for (const exec of [...task.execs.keys()]) await this.delete(ns, id, exec, signal).catch(ignoreError('deleted meanwhile'));
+        await this.delete(ns, id, '', signal);
+      } catch (err) {
+        if (!isTsboxError(err, 'NotFound')) this.#log.error({ err, ns, id }, 'cannot delete a task its sandbox left behind');
+      }
+    }
   }
 
   async pause(ns: string, id: string, resume: boolean, signal: CallSignal): Promise<void> {

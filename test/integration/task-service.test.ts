@@ -277,4 +277,30 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     await second.client.request(TaskService.delete, { id: 'c7', execId: '' }, { metadata: META });
     assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false);
   });
+  test("a sandbox's Shutdown deletes the tasks it left, processes, rootfs and records, and no other sandbox's", async () => {
+    const s = await serve('e');
+    open.push(s);
+    const mine = createRequest('c8', ['sleep', '1000']);
+    const other = createRequest('c9', ['sleep', '1000']);
+    writeFileSync(path.join(mine.bundle, 'sandbox'), 'sb1');
+    writeFileSync(path.join(other.bundle, 'sandbox'), 'sb2');
+    const pids: number[] = [];
+    for (const req of [mine, other]) {
+      pids.push((await s.client.request(TaskService.create, req, { metadata: META })).pid);
+      await s.client.request(TaskService.start, { id: req.id, execId: '' }, { metadata: META });
+    }
+    const spec = { args: ['sleep', '1000'], env: ['PATH=/bin'], cwd: '/', user: { uid: 0, gid: 0 } };
+    await s.client.request(TaskService.exec, { id: 'c8', execId: 'x', terminal: false, stdin: '', stdout: '', stderr: '', spec: { typeUrl: 'types.containerd.io/opencontainers/runtime-spec/1/Process', value: Buffer.from(JSON.stringify(spec)) } }, { metadata: META });
+    const execPid = (await s.client.request(TaskService.start, { id: 'c8', execId: 'x' }, { metadata: META })).pid;
+    await s.table.removeSandboxTasks(NS, 'sb1', AbortSignal.timeout(30_000));
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'c8', execId: '' }, { metadata: META })), GRPC_CODES.NotFound, 'the left task is gone');
+    assert.equal(processAlive(pids[0] as number), false, 'its init is gone');
+    assert.equal(processAlive(execPid), false, 'its exec is gone');
+    assert.equal(mountedBelow(path.join(mine.bundle, 'rootfs')), false, 'its rootfs is unmounted');
+    assert.deepEqual(runcList(), ['c9'], 'only the other sandbox\'s container is left');
+    assert.equal((await s.client.request(TaskService.state, { id: 'c9', execId: '' }, { metadata: META })).status, Status.RUNNING);
+    await s.client.request(TaskService.kill, { id: 'c9', execId: '', signal: 9, all: true }, { metadata: META });
+    await s.client.request(TaskService.wait, { id: 'c9', execId: '' }, { metadata: META });
+    await s.client.request(TaskService.delete, { id: 'c9', execId: '' }, { metadata: META });
+  });
 });
