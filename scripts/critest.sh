@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Kubernetes' CRI validation suite (critest, from ../shared/tools/critest or CRITEST_DIR) on
 # tsbox pods, against containerd's own podsandbox in the same run: every spec that passes with
-# containerd's default handler must pass with handler tsbox. Needs root and a built tsbox.
+# containerd's default handler must pass with handler tsbox, on each of tsbox's two routes for a
+# pod's containers: the shim route (version 2: containerd's runc shim) and the Task API route
+# (version 3: tsbox runs them; the handler in --task-api-handlers). Needs root and a built tsbox.
+# CRITEST_ROUTES (default "shim task") chooses the routes.
 #
 # A spec that fails only on tsbox is run again, alone (--ginkgo.focus), up to twice, when at
 # most three did: containerd 2.1 has races on the version-2 route that a run hits now and then
@@ -51,17 +54,21 @@ trap 'if [ "$ok" = 1 ]; then rm -rf "$base"; else echo "critest: work dir kept: 
 ok=0
 # As an operator starts tsbox: containerd's config is the only containerd setting; tsbox takes
 # containerd's root, state and socket (all in the private containerd's work dir) from it.
-tsbox_cmd="node dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
+shim_cmd="node dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
+# The Task API route: the same, with the handler's pods' containers run by tsbox itself.
+task_cmd="$shim_cmd --task-api-handlers tsbox --task-socket {state}/task.sock"
+tsbox_cmd="$shim_cmd"
 run() { # handler work-dir [result-name focus]
   local handler="$1" work="$2" name="${3:-}" focus="${4:-}"
   local out="$work.out" err="$work.err"
   [ -z "$name" ] || { out="$work.$name.out"; err="$work.$name.err"; }
-  echo "==> critest: handler $handler${name:+ ($name)}" >&2
+  echo "==> critest: handler $handler${name:+ ($name)}${route:+, $route route}" >&2
   [ -d "$work/images" ] || { mkdir -p "$work" && cp -a "$images" "$work/images"; }
   CRITEST_WORK="$work" TSBOX_CMD="$tsbox_cmd" RESULT_NAME="${name:-$handler}" FOCUS="$focus" \
     bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
   tail -n 1 "$out" >&2
 }
+route=""
 if [ -z "$reference" ]; then
   rm -f .cache/critest-podsandbox.json
   run default "$base/d"
@@ -70,31 +77,38 @@ if [ -z "$reference" ]; then
 else
   echo "==> critest: podsandbox's results from $reference" >&2
 fi
-run tsbox "$base/t"
 
-reruns=()
-i=0
-while IFS= read -r spec; do
-  i=$((i + 1))
-  echo "==> critest: \"$spec\" failed on tsbox but passes on podsandbox: running it again, alone (up to twice)" >&2
-  # The spec's full name as a Go regexp that matches it literally.
-  focus="$(node -e 'process.stdout.write(process.argv[1].replace(/[\\.+*?()|[\]{}^$]/g, "\\$&"))' "$spec")"
-  for attempt in 1 2; do
-    name="tsbox-rerun-$i-$attempt"
-    run tsbox "$base/t" "$name" "$focus"
-    result="$base/t/results-$name.json"
-    if [ ! -f "$result" ]; then
-      echo "critest: the rerun left no results (see $base/t.$name.err)" >&2
-      continue
-    fi
-    reruns+=("$result")
-    node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); process.exit(r.passed.includes(process.argv[2]) ? 0 : 1)' "$result" "$spec" && break
-  done
-done < <(node scripts/critest-compare.mjs --rerun-list "$reference" "$base/t/results-tsbox.json")
-
-node scripts/critest-compare.mjs "$reference" "$base/t/results-tsbox.json" "${reruns[@]}" || {
-  echo "--- critest on tsbox (stderr tail) ---" >&2
-  tail -n 30 "$base/t.err" >&2
-  exit 1
+check_route() { # route: runs the suite on tsbox pods of that route, reruns, compares
+  route="$1"
+  local work="$base/$route"
+  if [ "$route" = task ]; then tsbox_cmd="$task_cmd"; else tsbox_cmd="$shim_cmd"; fi
+  run tsbox "$work"
+  local reruns=() i=0 spec focus attempt name result
+  while IFS= read -r spec; do
+    i=$((i + 1))
+    echo "==> critest: \"$spec\" failed on tsbox ($route route) but passes on podsandbox: running it again, alone (up to twice)" >&2
+    # The spec's full name as a Go regexp that matches it literally.
+    focus="$(node -e 'process.stdout.write(process.argv[1].replace(/[\\.+*?()|[\]{}^$]/g, "\\$&"))' "$spec")"
+    for attempt in 1 2; do
+      name="tsbox-rerun-$i-$attempt"
+      run tsbox "$work" "$name" "$focus"
+      result="$work/results-$name.json"
+      if [ ! -f "$result" ]; then
+        echo "critest: the rerun left no results (see $work.$name.err)" >&2
+        continue
+      fi
+      reruns+=("$result")
+      node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); process.exit(r.passed.includes(process.argv[2]) ? 0 : 1)' "$result" "$spec" && break
+    done
+  done < <(node scripts/critest-compare.mjs --rerun-list "$reference" "$work/results-tsbox.json")
+  echo "==> critest: $route route" >&2
+  node scripts/critest-compare.mjs "$reference" "$work/results-tsbox.json" "${reruns[@]}" || {
+    echo "--- critest on tsbox, $route route (stderr tail) ---" >&2
+    tail -n 30 "$work.err" >&2
+    return 1
+  }
 }
+failed=0
+for r in ${CRITEST_ROUTES:-shim task}; do check_route "$r" || failed=1; done
+[ "$failed" = 0 ] || exit 1
 ok=1
