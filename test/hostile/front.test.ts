@@ -15,11 +15,10 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { MAX_FRONT_CONNECTIONS } from '../../src/front/front.js';
 import { TtrpcClient } from '../../src/ttrpc/client.js';
-import { FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
-import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
+import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
-import { RawTtrpc, TEST_SERVICE, requestFrame } from '../support/ttrpc-peer.js';
+import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
 /** The front's RSS bound during every attack; idle it is about 50 MiB. */
@@ -30,14 +29,6 @@ const MiB = 1024 * 1024;
 
 const support = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support');
 const frontMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'front', 'main.js');
-
-function header(length: number, streamId: number, type: number = FrameType.Request): Buffer {
-  const bytes = Buffer.alloc(HEADER_BYTES);
-  bytes.writeUInt32BE(length, 0);
-  bytes.writeUInt32BE(streamId, 4);
-  bytes[8] = type;
-  return bytes;
-}
 
 describe('hostile peers on the task front', () => {
   let dir = '';
@@ -124,7 +115,7 @@ describe('hostile peers on the task front', () => {
       const garbage = Buffer.alloc(64 * 1024);
       for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 7919 + 13) & 0xff;
       const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 50, () => garbage, CONNECT_BATCH);
-      const big = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 20, (i) => Buffer.concat([header(MAX_MESSAGE_BYTES + 1, 2 * i + 1), Buffer.alloc(64 * 1024)]), CONNECT_BATCH);
+      const big = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 20, (i) => Buffer.concat([frameHeader(MAX_MESSAGE_BYTES + 1, 2 * i + 1), Buffer.alloc(64 * 1024)]), CONNECT_BATCH);
       try {
         const closed = await Promise.all([...conns, ...big].map((c) => c.closedWithin(15_000)));
         assert.equal(closed.filter((c) => !c).length, 0, 'connections that broke the protocol stayed open');
@@ -136,32 +127,12 @@ describe('hostile peers on the task front', () => {
 
   test('floods from peers that never read: requests relayed and answered, the flooder paused, others served', () =>
     attack('floods', async () => {
-      const makers: ((i: number) => Buffer)[] = [
-        (i) => requestFrame(2 * i + 1, TEST_SERVICE, 'Echo', Buffer.alloc(512)),
-        (i) => requestFrame(2 * i + 2, TEST_SERVICE, 'Echo'),
-        (i) => encodeFrame(2 * i + 1, 0x7f, Buffer.alloc(64)),
-      ];
-      for (const make of makers) {
-        const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
-        try {
-          conn.pause();
-          const stopAt = Date.now() + 5000;
-          let i = 0;
-          while (!conn.closed && Date.now() < stopAt && i < 400_000) {
-            const batch: Buffer[] = [];
-            for (const end = i + 2000; i < end; i++) batch.push(make(i));
-            await conn.write(Buffer.concat(batch), stopAt - Date.now());
-          }
-          await probe();
-        } finally {
-          conn.destroy();
-        }
-      }
+      await floodWithoutReading(socketPath, probe);
     }));
 
   test('1 000 connections each leaving half of a 1 MiB frame unsent', () =>
     attack('half-sent frames', async () => {
-      const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]), CONNECT_BATCH);
+      const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 1000, (i) => Buffer.concat([frameHeader(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]), CONNECT_BATCH);
       try {
         for (let n = 0; n < 3; n++) await probe();
       } finally {

@@ -13,11 +13,10 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { GRPC_CODES } from '../../src/errors.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
-import { FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
-import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
+import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
-import { RawTtrpc, TEST_SERVICE, requestFrame } from '../support/ttrpc-peer.js';
+import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
 /** The server's RSS bound during every attack; idle it is about 60 MiB. */
@@ -31,15 +30,6 @@ const CONNECT_BATCH = 250;
 const MiB = 1024 * 1024;
 
 const serverMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support', 'ttrpc-test-server.js');
-
-/** A frame header announcing `length` bytes, without them. */
-function header(length: number, streamId: number, type: number = FrameType.Request): Buffer {
-  const bytes = Buffer.alloc(HEADER_BYTES);
-  bytes.writeUInt32BE(length, 0);
-  bytes.writeUInt32BE(streamId, 4);
-  bytes[8] = type;
-  return bytes;
-}
 
 /** Opens `count` raw ttrpc connections, CONNECT_BATCH at a time, each sent `first(i)` if any. */
 function openTtrpc(socketPath: string, count: number, first: (i: number) => Buffer | undefined): Promise<RawTtrpc[]> {
@@ -138,7 +128,7 @@ describe('hostile peers on a ttrpc socket', () => {
       const conn = await RawTtrpc.connect(socketPath);
       try {
         const length = MAX_MESSAGE_BYTES + 1;
-        await conn.write(header(length, 1));
+        await conn.write(frameHeader(length, 1));
         assert.ok(await conn.until(() => conn.response(1) !== undefined, 5000), 'no answer to an oversized frame');
         assert.equal(conn.response(1)?.code, GRPC_CODES.ResourceExhausted);
         // Its payload goes by unkept; then the connection takes requests again.
@@ -148,7 +138,7 @@ describe('hostile peers on a ttrpc socket', () => {
         assert.ok(await conn.until(() => conn.response(3) !== undefined, 5000), 'no answer after the oversized frame');
         assert.equal(conn.response(3)?.payload.toString(), 'after');
         // 64 connections announcing 4 GiB each and sending 256 KiB of it.
-        const big = await openTtrpc(socketPath, 64, (i) => Buffer.concat([header(0xffffffff, 2 * i + 1), Buffer.alloc(256 * 1024)]));
+        const big = await openTtrpc(socketPath, 64, (i) => Buffer.concat([frameHeader(0xffffffff, 2 * i + 1), Buffer.alloc(256 * 1024)]));
         await probe();
         for (const c of big) c.destroy();
       } finally {
@@ -158,32 +148,12 @@ describe('hostile peers on a ttrpc socket', () => {
 
   test('floods from peers that never read: requests, even stream ids, unknown frame types', () =>
     attack('floods', async () => {
-      const makers: ((i: number) => Buffer)[] = [
-        (i) => requestFrame(2 * i + 1, TEST_SERVICE, 'Echo', Buffer.alloc(512)),
-        (i) => requestFrame(2 * i + 2, TEST_SERVICE, 'Echo'),
-        (i) => encodeFrame(2 * i + 1, 0x7f, Buffer.alloc(64)),
-      ];
-      for (const make of makers) {
-        const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
-        try {
-          conn.pause();
-          const stopAt = Date.now() + 5000;
-          let i = 0;
-          while (!conn.closed && Date.now() < stopAt && i < 400_000) {
-            const batch: Buffer[] = [];
-            for (const end = i + 2000; i < end; i++) batch.push(make(i));
-            await conn.write(Buffer.concat(batch), stopAt - Date.now());
-          }
-          await probe();
-        } finally {
-          conn.destroy();
-        }
-      }
+      await floodWithoutReading(socketPath, probe);
     }));
 
   test('1 000 connections each leaving half of a 1 MiB frame unsent', () =>
     attack('half-sent frames', async () => {
-      const conns = await openTtrpc(socketPath, 1000, (i) => Buffer.concat([header(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]));
+      const conns = await openTtrpc(socketPath, 1000, (i) => Buffer.concat([frameHeader(MiB, 2 * i + 1), Buffer.alloc(MiB / 2)]));
       try {
         for (let n = 0; n < 3; n++) await probe();
         const open = conns.filter((c) => !c.closed).length;

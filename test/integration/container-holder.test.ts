@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { isTsboxError } from '../../src/errors.js';
@@ -21,6 +21,7 @@ import {
 } from '../../src/runtime/container-holder.js';
 import { processStat } from '../../src/runtime/proc.js';
 import { repoRoot } from '../support/containerd-clients.js';
+import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
 import { makeTempDir, processAlive, removeTree, waitFor } from '../support/processes.js';
 
 const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
@@ -36,32 +37,11 @@ const ids: string[] = [];
 
 /** An OCI bundle running `args` in the busybox root file system. */
 function bundle(id: string, args: string[], edit: (config: Record<string, unknown>) => void = () => undefined): string {
-  const dir = path.join(scratch, `${id}.bundle`);
-  mkdirSync(dir, { recursive: true });
-  execFileSync('runc', ['spec', '--bundle', dir]);
-  const config = JSON.parse(readFileSync(path.join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
-  config['root'] = { path: rootfs, readonly: true };
-  config['process'] = { ...(config['process'] as object), args, terminal: false, env: ['PATH=/bin'] };
-  edit(config);
-  writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config));
-  return dir;
+  return makeBundle(path.join(scratch, `${id}.bundle`), rootfs, args, edit);
 }
 
 function fifo(name: string): string {
-  const p = path.join(scratch, name);
-  execFileSync('mkfifo', ['-m', '0600', p]);
-  return p;
-}
-
-/** Everything written to a FIFO until its last writer closes (as CRI's reader sees it). */
-function readFifo(p: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const cat = spawn('cat', [p], { stdio: ['ignore', 'pipe', 'inherit'] });
-    let text = '';
-    cat.stdout.setEncoding('utf8').on('data', (chunk: string) => (text += chunk));
-    cat.once('error', reject);
-    cat.once('close', () => resolve(text));
-  });
+  return makeFifo(path.join(scratch, name));
 }
 
 /** Writes to a FIFO that has a reader (the container's), then closes this writer. */

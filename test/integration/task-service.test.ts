@@ -6,7 +6,7 @@
  * its containers again.
  */
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -21,6 +21,7 @@ import { TaskTable, type TaskEvents } from '../../src/tasks/tasks.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { repoRoot } from '../support/containerd-clients.js';
+import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
 import { makeTempDir, processAlive, removeTree, unmountBelow } from '../support/processes.js';
 
 const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
@@ -77,31 +78,13 @@ async function serve(name: string): Promise<Served> {
 
 /** A bundle as containerd makes one: config.json and an empty rootfs to mount into. */
 function bundle(id: string, args: string[]): string {
-  const dir = path.join(scratch, 'bundles', id);
+  const dir = makeBundle(path.join(scratch, 'bundles', id), 'rootfs', args);
   mkdirSync(path.join(dir, 'rootfs'), { recursive: true });
-  execFileSync('runc', ['spec', '--bundle', dir]);
-  const config = JSON.parse(readFileSync(path.join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
-  config['root'] = { path: 'rootfs', readonly: true };
-  config['process'] = { ...(config['process'] as object), args, terminal: false, env: ['PATH=/bin'] };
-  writeFileSync(path.join(dir, 'config.json'), JSON.stringify(config));
   return dir;
 }
 
 function fifo(name: string): string {
-  const p = path.join(scratch, name);
-  execFileSync('mkfifo', ['-m', '0600', p]);
-  return p;
-}
-
-/** Everything written to a FIFO until its last writer closes (as CRI's reader sees it). */
-function readFifo(p: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const cat = spawn('cat', [p], { stdio: ['ignore', 'pipe', 'inherit'] });
-    let text = '';
-    cat.stdout.setEncoding('utf8').on('data', (chunk: string) => (text += chunk));
-    cat.once('error', reject);
-    cat.once('close', () => resolve(text));
-  });
+  return makeFifo(path.join(scratch, name));
 }
 
 function createRequest(id: string, args: string[], io: { stdout?: string } = {}) {

@@ -10,6 +10,7 @@ import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { Request, Response } from '../../src/gen/ttrpc/request.js';
 import { FrameDecoder, FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
 import type { TtrpcServer } from '../../src/ttrpc/server.js';
+import { HEADER_BYTES } from '../../src/ttrpc/limits.js';
 import { RawSocket } from './raw-socket.js';
 
 /** The test service's name; its methods are below. */
@@ -89,6 +90,43 @@ export class RawTtrpc extends RawSocket {
         message: response.status?.message ?? '',
         payload: response.payload,
       });
+    }
+  }
+}
+
+/** A frame header announcing `length` bytes, without them. */
+export function frameHeader(length: number, streamId: number, type: number = FrameType.Request): Buffer {
+  const bytes = Buffer.alloc(HEADER_BYTES);
+  bytes.writeUInt32BE(length, 0);
+  bytes.writeUInt32BE(streamId, 4);
+  bytes[8] = type;
+  return bytes;
+}
+
+/**
+ * Floods `socketPath` from peers that never read, one after the other, for 5 s each: Echo
+ * requests, requests on even stream ids, frames of an unknown type; `probe` runs after each.
+ */
+export async function floodWithoutReading(socketPath: string, probe: () => Promise<unknown>): Promise<void> {
+  const makers: ((i: number) => Buffer)[] = [
+    (i) => requestFrame(2 * i + 1, TEST_SERVICE, 'Echo', Buffer.alloc(512)),
+    (i) => requestFrame(2 * i + 2, TEST_SERVICE, 'Echo'),
+    (i) => encodeFrame(2 * i + 1, 0x7f, Buffer.alloc(64)),
+  ];
+  for (const make of makers) {
+    const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
+    try {
+      conn.pause();
+      const stopAt = Date.now() + 5000;
+      let i = 0;
+      while (!conn.closed && Date.now() < stopAt && i < 400_000) {
+        const batch: Buffer[] = [];
+        for (const end = i + 2000; i < end; i++) batch.push(make(i));
+        await conn.write(Buffer.concat(batch), stopAt - Date.now());
+      }
+      await probe();
+    } finally {
+      conn.destroy();
     }
   }
 }
