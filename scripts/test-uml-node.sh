@@ -3,10 +3,12 @@
 # (scripts/uml-node.sh) and runs in it, one part after the other,
 #   node       the tests only a cgroup v2 node can check (test/node/*.test.ts)
 #   pods       the whole-pod end-to-end tests and the integration tests that touch cgroups
-#   critest    Kubernetes' CRI validation suite on tsbox pods against podsandbox, both in the node
-#   critest-tsbox  the suite on tsbox pods only, against podsandbox's results of the machine's
-#              own run (.cache/critest-podsandbox.json, left by scripts/critest.sh); the
-#              part npm test runs
+#   critest    Kubernetes' CRI validation suite on tsbox pods (both routes) against podsandbox,
+#              all in the node
+#   critest-tsbox  the suite on tsbox pods of the shim route only, against podsandbox's results
+#              of the machine's own run (.cache/critest-podsandbox.json, left by
+#              scripts/critest.sh)
+#   critest-task   the same on tsbox pods of the Task API route
 # then prints each part's result and time. Exits non-zero when a part fails. Needs root, a
 # build (npm run build) and network for the preparation (run from scripts/test.sh, last).
 #
@@ -48,7 +50,8 @@ if [ "${1:-}" = --inside ]; then
       node) node --test --test-concurrency=1 --expose-gc dist/test/node/*.test.js || rc=$? ;;
       pods) node --test --test-concurrency=1 --expose-gc "${POD_TESTS[@]}" || rc=$? ;;
       critest) bash scripts/critest.sh || rc=$? ;;
-      critest-tsbox) bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
+      critest-tsbox) CRITEST_ROUTES=shim bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
+      critest-task) CRITEST_ROUTES=task bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
     esac
     [ "$rc" -eq 0 ] && result=passed || { result="FAILED (exit $rc)"; failed=1; }
     summary+=("$(printf '  %-14s %-18s %4d s' "$part" "$result" $((SECONDS - start)))")
@@ -65,7 +68,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --repo) repo="$(cd "${2:?--repo needs a directory}" && pwd)"; shift 2 ;;
     --timeout) timeout="${2:?--timeout needs seconds}"; shift 2 ;;
-    node|pods|critest|critest-tsbox) parts+=("$1"); shift ;;
+    node|pods|critest|critest-tsbox|critest-task) parts+=("$1"); shift ;;
     *) echo "test-uml-node: unknown argument $1 (parts: ${ALL_PARTS[*]})" >&2; exit 2 ;;
   esac
 done
@@ -76,8 +79,8 @@ cd "$repo"
 bash "$here/install-uml.sh"
 [ -d dist/test/node ] || { echo "test-uml-node: no build in $repo (npm run build)" >&2; exit 1; }
 if [[ " ${parts[*]} " == *" critest"* ]]; then bash "$repo/scripts/critest.sh" --prepare; fi
-if [[ " ${parts[*]} " == *" critest-tsbox "* ]] && [ ! -f "$PODSANDBOX_RESULTS" ]; then
-  echo "test-uml-node: critest-tsbox needs podsandbox's results in $repo/$PODSANDBOX_RESULTS (run scripts/critest.sh first)" >&2
+if [[ " ${parts[*]} " == *" critest-"* ]] && [ ! -f "$PODSANDBOX_RESULTS" ]; then
+  echo "test-uml-node: critest-tsbox and critest-task need podsandbox's results in $repo/$PODSANDBOX_RESULTS (run scripts/critest.sh first)" >&2
   exit 1
 fi
 

@@ -47,5 +47,5 @@ step "tests"
 node --test --test-concurrency=1 --expose-gc \
   dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/hostile/*.test.js dist/test/e2e/*.test.js
 
-step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration, critest on tsbox"
-bash scripts/test-uml-node.sh node pods critest-tsbox
+step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration, critest on tsbox (both routes)"
+bash scripts/test-uml-node.sh node pods critest-tsbox critest-task

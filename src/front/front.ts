@@ -31,8 +31,15 @@ const MAX_PENDING = 16_384;
 interface Pending {
   readonly conn: ClientConn;
   readonly streamId: number;
+  /** The request as relayed: its stream id (bytes 4–7) is the front's. */
   readonly frame: Buffer;
 }
+
+/**
+ * The front's stream ids on tsbox's connection must increase (ttrpc's rule); past this one the
+ * connection to tsbox is closed and the next one starts again from 1 (about a year of calls).
+ */
+const LAST_STREAM_ID = 0xfffffff0;
 
 class ClientConn {
   readonly decoder = new FrameDecoder();
@@ -148,6 +155,8 @@ export class TaskFront {
         return;
       }
       conn.lastStreamId = frame.streamId;
+      // Out of stream ids on tsbox's connection: a new one renumbers (#acceptTsbox).
+      if (this.#nextId > LAST_STREAM_ID) this.#tsbox?.destroy();
       const id = this.#nextId;
       this.#nextId += 2;
       const relayed = encodeFrame(id, FrameType.Request, frame.payload, frame.flags);
@@ -178,9 +187,20 @@ export class TaskFront {
       if (this.#tsbox === socket) this.#tsbox = undefined;
       this.#log.info({ pending: this.#pending.size }, 'tsbox disconnected: its unanswered calls wait for the next one');
     });
-    // Stream ids on this connection must increase: the kept requests go first, in order.
+    // A new connection numbers its streams from 1: the kept requests go first, in the order
+    // they came, then new ones.
     const replay = [...this.#pending.entries()].sort(([a], [b]) => a - b);
-    for (const [, pending] of replay) socket.write(pending.frame);
+    this.#pending.clear();
+    this.#nextId = 1;
+    for (const [old, pending] of replay) {
+      const id = this.#nextId;
+      this.#nextId += 2;
+      pending.frame.writeUInt32BE(id, 4);
+      pending.conn.ids.delete(old);
+      pending.conn.ids.add(id);
+      this.#pending.set(id, pending);
+      socket.write(pending.frame);
+    }
     this.#log.info({ replayed: replay.length }, 'tsbox connected');
   }
 

@@ -453,9 +453,8 @@ export async function createSandboxerDaemon(spec: SandboxerSpec, options: Sandbo
         closeClients();
         for (const client of ownClients) client.close();
         await daemon.stop({ graceMs: stopGraceMs }).catch((err: unknown) => problems.push(`stop: ${(err as Error).message}`));
-        // The task front outlives tsbox by design: it goes with the test's tsbox.
-        const front = killTaskFront(stateDir);
-        if (front !== undefined) killed.push(front);
+        // The task front outlives tsbox by design (not a leftover): it goes with the test's tsbox.
+        killTaskFront(stateDir);
         if (spec.runsProcesses) {
           killed.push(
             ...(await killSandboxLeftovers(stateDir, [...namespaces], pids).catch((err: unknown) => {
