@@ -91,7 +91,7 @@ check_route() { # route: runs the suite on tsbox pods of that route, reruns, com
     focus="$(node -e 'process.stdout.write(process.argv[1].replace(/[\\.+*?()|[\]{}^$]/g, "\\$&"))' "$spec")"
     for attempt in 1 2; do
       name="tsbox-rerun-$i-$attempt"
-      run tsbox "$work" "$name" "$focus"
+      run tsbox "$work" "$name" "$focus" < /dev/null
       result="$work/results-$name.json"
       if [ ! -f "$result" ]; then
         echo "critest: the rerun left no results (see $work.$name.err)" >&2
@@ -109,6 +109,9 @@ check_route() { # route: runs the suite on tsbox pods of that route, reruns, com
   }
 }
 failed=0
+for r in ${CRITEST_ROUTES:-shim task}; do
+  case "$r" in shim|task) ;; *) echo "critest: unknown route '$r' in CRITEST_ROUTES (shim, task)" >&2; exit 2 ;; esac
+done
 for r in ${CRITEST_ROUTES:-shim task}; do check_route "$r" || failed=1; done
 [ "$failed" = 0 ] || exit 1
 ok=1

@@ -315,9 +315,11 @@ export class TaskTable {
         this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
         return holder.pid;
       } catch (err) {
-        if (holder !== undefined) {
-          await runc(this.#runc(record), ['delete', '--force', request.id]).catch((e: unknown) => this.#log.error({ err: e, id: request.id }, 'cannot delete the container of a failed create'));
-        }
+        // runc may have made the container although its holder did not answer in time (or the
+        // call was cancelled): deleted in any case, so that a retried Create finds nothing.
+        await runc(this.#runc(record), ['delete', '--force', request.id]).catch((e: unknown) => {
+          if (!isTsboxError(e, 'NotFound')) this.#log.error({ err: e, id: request.id }, 'cannot delete the container of a failed create');
+        });
         if (mounted) await this.#opts.rootfs.unmount(rootfs).catch((e: unknown) => this.#log.error({ err: e, rootfs }, 'cannot unmount the rootfs of a failed create'));
         await rm(dir, { recursive: true, force: true }).catch((e: unknown) => this.#log.error({ err: e, dir }, 'cannot remove a failed task\'s directory'));
         throw err;
@@ -367,6 +369,9 @@ export class TaskTable {
   start(ns: string, id: string, execId: string, signal: CallSignal): Promise<number> {
     return this.#queue.run(this.#key(ns, id), async () => {
       const { task, proc } = this.#proc(ns, id, execId);
+      // Started already: the same Start again (the task front replays what a restarted tsbox
+      // left unanswered), answered as the first, even if the process has exited since.
+      if (proc.started) return proc.pid;
       if (proc.exit !== undefined) throw new TsboxError('FailedPrecondition', `process ${execId || id} has already exited`);
       if (execId === '') {
         await (proc.holder as ContainerHolder).start(signal);
@@ -374,7 +379,6 @@ export class TaskTable {
         this.#opts.events.started(ns, id, proc.pid);
         return proc.pid;
       }
-      if (proc.started) return proc.pid;
       if (task.init.exit !== undefined || !task.init.started) {
         throw new TsboxError('FailedPrecondition', `cannot start process ${execId}: the container's init is ${task.init.exit === undefined ? 'not running' : 'gone'}`);
       }
@@ -491,21 +495,26 @@ export class TaskTable {
       const { task, proc } = this.#proc(ns, id, execId);
       if (proc.status === Status.RUNNING) throw new TsboxError('FailedPrecondition', `cannot delete process ${execId || id}: it is running`);
       if (execId !== '') {
-        task.execs.delete(execId);
+        const exit = proc.exit ?? { status: 0, exitedAt: systemClock(), reason: 'never started' };
         await rm(proc.dir, { recursive: true, force: true });
-        return { pid: proc.pid, exit: proc.exit ?? { status: 0, exitedAt: systemClock(), reason: 'never started' } };
+        // A Wait on an exec deleted before it ran ends with it.
+        proc.settle(exit);
+        task.execs.delete(execId);
+        return { pid: proc.pid, exit };
       }
       // A created container that never ran: runc delete --force kills its init first.
       await runc(this.#runc(task.record), ['delete', '--force', id], { signal }).catch((err: unknown) => {
         if (!isTsboxError(err, 'NotFound')) throw err;
       });
       const exit = proc.exit ?? (await this.#settledWithin(proc, 10_000)) ?? { status: 255, exitedAt: systemClock(), reason: 'deleted before it exited' };
-      task.deleted = true;
-      this.#tasks.delete(this.#key(ns, id));
-      for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
+      // Cleaned up before the task is forgotten: a Delete that fails here leaves the task, and
+      // containerd's next Delete does it again.
       const { detached } = await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
       if (detached.length > 0) this.#log.warn({ id, detached }, 'the rootfs was still busy at delete: detached lazily, it goes when its last user does');
       await rm(task.dir, { recursive: true, force: true });
+      task.deleted = true;
+      this.#tasks.delete(this.#key(ns, id));
+      for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
       this.#opts.events.deleted(ns, id, proc.pid, exit);
       return { pid: proc.pid, exit };
     });

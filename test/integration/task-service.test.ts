@@ -169,6 +169,7 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal(exit.exitStatus, 3);
     assert.ok((exit.exitedAt?.seconds ?? 0) > 1_600_000_000);
     assert.equal(await output, 'hello from sh\n');
+    assert.equal((await s.client.request(TaskService.start, { id: 'c1', execId: '' }, { metadata: META })).pid, pid, 'Start again (a replay after a restart of tsbox) answers as the first, though the process has exited');
     assert.equal(await codeOf(s.client.request(TaskService.kill, { id: 'c1', execId: '', signal: 9, all: true }, { metadata: META })), GRPC_CODES.NotFound, 'Kill of an exited task is NotFound');
     state = await s.client.request(TaskService.state, { id: 'c1', execId: '' }, { metadata: META });
     assert.equal(state.status, Status.STOPPED);
@@ -210,6 +211,11 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal(await output, 'in sleep\n', 'the exec ran inside the container, beside its init');
     assert.equal((await s.client.request(TaskService.delete, { id: 'c2', execId: 'e1' }, { metadata: META })).exitStatus, 5);
     assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'c2', execId: 'e1' }, { metadata: META })), GRPC_CODES.NotFound);
+    // An exec deleted before it ran: a Wait on it ends with the delete.
+    await s.client.request(TaskService.exec, { ...exec, execId: 'e3' }, { metadata: META });
+    const unstartedWait = s.client.request(TaskService.wait, { id: 'c2', execId: 'e3' }, { metadata: META });
+    await s.client.request(TaskService.delete, { id: 'c2', execId: 'e3' }, { metadata: META });
+    assert.equal((await unstartedWait).exitStatus, 0, 'the Wait on an exec deleted unstarted ends');
     const bad = { ...exec, execId: 'e2', spec: { typeUrl: exec.spec.typeUrl, value: Buffer.from('{not json') } };
     assert.equal(await codeOf(s.client.request(TaskService.exec, bad, { metadata: META })), GRPC_CODES.InvalidArgument, 'an exec spec that is not JSON');
     assert.equal(await codeOf(s.client.request(TaskService.delete, { id: 'c2', execId: '' }, { metadata: META })), GRPC_CODES.FailedPrecondition, 'a running task cannot be deleted');
