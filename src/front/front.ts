@@ -2,6 +2,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { FrameDecoder, FrameType, encodeFrame } from '../ttrpc/frame.js';
 import { FRAME_ARRIVAL_MS, MAX_PARTIAL_FRAME_BYTES, SWEEP_MS } from '../ttrpc/limits.js';
+import { writeBounded } from '../ttrpc/peer.js';
 import { claimSocket, prepareSocketPath } from '../transport/socket.js';
 
 /**
@@ -23,8 +24,6 @@ import { claimSocket, prepareSocketPath } from '../transport/socket.js';
  * longest with no call waiting makes room, as on tsbox's own sockets.
  */
 export const MAX_FRONT_CONNECTIONS = 1024;
-/** Answers queued for a connection that does not read, past which it is not read either. */
-const MAX_QUEUED_OUTPUT_BYTES = 1024 * 1024;
 /** Requests kept unanswered at most (Waits: one per container and exec). */
 const MAX_PENDING = 16_384;
 
@@ -206,19 +205,8 @@ export class TaskFront {
 
   /** An answer to containerd; a connection that leaves too many unread is not read until it reads them. */
   #toClient(conn: ClientConn, frame: Buffer): void {
-    const socket = conn.socket;
-    if (socket.destroyed) return;
     conn.lastActive = Date.now();
-    socket.write(frame);
-    if (!conn.paused && socket.writableLength > MAX_QUEUED_OUTPUT_BYTES) {
-      conn.paused = true;
-      socket.pause();
-      socket.once('drain', () => {
-        conn.paused = false;
-        if (conn.frameStartedAt !== 0) conn.frameStartedAt = Date.now();
-        socket.resume();
-      });
-    }
+    writeBounded(conn, frame);
   }
 
   #shedPartial(): void {

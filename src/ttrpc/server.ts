@@ -6,13 +6,13 @@ import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limit
 import { claimSocket, prepareSocketPath } from '../transport/socket.js';
 import { toStatus, type Status } from '../transport/status.js';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded, type Frame } from './frame.js';
+import { writeBounded } from './peer.js';
 import {
   FRAME_ARRIVAL_MS,
   MAX_CALLS,
   MAX_CALLS_PER_CONNECTION,
   MAX_MESSAGE_BYTES,
   MAX_PARTIAL_FRAME_BYTES,
-  MAX_QUEUED_OUTPUT_BYTES,
   SWEEP_MS,
 } from './limits.js';
 
@@ -380,24 +380,14 @@ export class TtrpcServer {
 
   /** Sends a Response; pauses reading while the peer leaves too many answers unread. */
   #answer(connection: Connection, streamId: number, status: Status, payload: Uint8Array = Buffer.alloc(0)): void {
-    const socket = connection.socket;
-    if (socket.destroyed) return;
+    if (connection.socket.destroyed) return;
     let bytes = Response.encode({ status: { ...status, details: [] }, payload: Buffer.from(payload.buffer, payload.byteOffset, payload.length) }).finish();
     if (bytes.length > MAX_MESSAGE_BYTES) {
       this.#log.error({ streamId, bytes: bytes.length }, 'an answer exceeds the ttrpc message limit');
       bytes = Response.encode({ status: { code: GRPC_CODES.ResourceExhausted, message: 'the answer exceeds the ttrpc message limit', details: [] }, payload: Buffer.alloc(0) }).finish();
     }
     connection.lastActive = Date.now();
-    socket.write(encodeFrame(streamId, FrameType.Response, bytes));
-    if (!connection.paused && socket.writableLength > MAX_QUEUED_OUTPUT_BYTES) {
-      connection.paused = true;
-      socket.pause();
-      socket.once('drain', () => {
-        connection.paused = false;
-        if (connection.frameStartedAt !== 0) connection.frameStartedAt = Date.now();
-        socket.resume();
-      });
-    }
+    writeBounded(connection, encodeFrame(streamId, FrameType.Response, bytes));
   }
 
   /** Closes the connection holding the most bytes of frames in progress. */
