@@ -24,6 +24,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 timeout=3600
+poweroff_limit=60
 mem=4G
 console=""
 envs=()
@@ -89,6 +90,12 @@ stop_node() {
     sleep 0.1
     tries=$((tries + 1))
   done
+}
+
+# The console's last lines, without systemd's "Job ... running" progress lines.
+console_tail() {
+  echo "--- node console (last $1 lines) ---" >&2
+  sed 's/\x1b\[[0-9;]*[A-Za-z]//g; s/\x1bM//g; s/\r//g' "$node/console.log" | grep -av 'Job .* running (' | grep -av '^[[:space:]]*$' | tail -n "$1" >&2
 }
 
 cleanup() {
@@ -163,9 +170,24 @@ boot() {
   tail -n +1 -F --pid="$pid" "$share/output" 2>/dev/null &
   tailer=$!
 
-  local boot_limit=$(( timeout < 180 ? timeout : 180 )) elapsed
+  local boot_limit=$(( timeout < 180 ? timeout : 180 )) elapsed finished=""
   while kill -0 "$pid" 2>/dev/null; do
     elapsed=$((SECONDS - started))
+    # The command's status is recorded: the run is over whether or not the node manages to
+    # power off (user-mode Linux can hang in its halt, reaping the host processes that were
+    # the node's). Past a bound, say what those processes were doing and kill them.
+    if [ -f "$share/status" ]; then
+      [ -n "$finished" ] || finished=$SECONDS
+      if [ $((SECONDS - finished)) -ge "$poweroff_limit" ]; then
+        echo "uml-node: the command finished but the node did not power off within ${poweroff_limit} s; killing it. Its processes on the host:" >&2
+        local p
+        for p in $(node_processes); do
+          echo "  $p $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-80) state=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) wchan=$(cat "/proc/$p/wchan" 2>/dev/null)" >&2
+        done
+        console_tail 15
+        break
+      fi
+    fi
     if [ ! -e "$share/started" ] && [ "$elapsed" -ge "$boot_limit" ]; then
       reason="the node did not start the command within ${boot_limit} s of booting"
       break
@@ -185,21 +207,19 @@ boot
 # once more, saying so: that is the machine, not the command under test.
 if [ ! -e "$share/started" ]; then
   echo "uml-node: the node did not reach the command (${reason:-it stopped}); console tail, then one more boot:" >&2
-  tail -n 30 "$node/console.log" >&2
+  console_tail 30
   boot
 fi
 
 if [ -n "$reason" ]; then
   echo "uml-node: $reason" >&2
-  echo "--- node console (last 30 lines) ---" >&2
-  tail -n 30 "$node/console.log" >&2
+  console_tail 30
   exit 124
 fi
 if [ ! -f "$share/status" ]; then
   echo "uml-node: the node stopped before the command finished (after $((SECONDS - started)) s)" >&2
-  echo "--- node console (last 30 lines) ---" >&2
-  tail -n 30 "$node/console.log" >&2
+  console_tail 30
   exit 1
 fi
-echo "uml-node: node up, ran and powered off in $((SECONDS - started)) s" >&2
+echo "uml-node: node up, ran and stopped in $((SECONDS - started)) s" >&2
 exit "$(cat "$share/status")"
