@@ -1,6 +1,7 @@
 import { createServer, type Server, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { FrameDecoder, FrameType, encodeFrame } from '../ttrpc/frame.js';
+import { encodeCancel, namesFrontService } from '../ttrpc/front-link.js';
 import { FRAME_ARRIVAL_MS, MAX_PARTIAL_FRAME_BYTES, SWEEP_MS } from '../ttrpc/limits.js';
 import { writeBounded } from '../ttrpc/peer.js';
 import { claimSocket, prepareSocketPath } from '../transport/socket.js';
@@ -128,8 +129,17 @@ export class TaskFront {
   #forgetClient(conn: ClientConn): void {
     if (!this.#clients.delete(conn)) return;
     this.#partialBytes -= conn.decoder.buffered;
-    // Its answers have nowhere to go; tsbox's calls for them end with the tasks they wait on.
+    // Its answers have nowhere to go: tsbox ends the calls (a Wait would otherwise stay
+    // until its process exits), and a later tsbox never sees them.
+    if (conn.ids.size === 0) return;
     for (const id of conn.ids) this.#pending.delete(id);
+    if (this.#tsbox !== undefined && !this.#tsbox.destroyed && this.#nextId <= LAST_STREAM_ID) {
+      // Its own stream id on tsbox's connection; the answer matches no pending call and is dropped.
+      const id = this.#nextId;
+      this.#nextId += 2;
+      this.#tsbox.write(encodeCancel(id, conn.ids));
+    }
+    conn.ids.clear();
   }
 
   #fromClient(conn: ClientConn, chunk: Buffer): void {
@@ -150,6 +160,11 @@ export class TaskFront {
       if (frame.type !== FrameType.Request) continue;
       if (frame.streamId % 2 !== 1 || frame.streamId <= conn.lastStreamId || this.#pending.size >= MAX_PENDING) {
         this.#log.warn({ streamId: frame.streamId, pending: this.#pending.size }, 'task socket: closing a connection that broke the protocol or the bound on calls');
+        conn.socket.destroy();
+        return;
+      }
+      if (namesFrontService(frame.payload)) {
+        this.#log.warn({ streamId: frame.streamId }, 'task socket: closing a connection that called the front\'s own service');
         conn.socket.destroy();
         return;
       }

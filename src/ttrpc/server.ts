@@ -6,6 +6,7 @@ import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limit
 import { claimSocket, prepareSocketPath } from '../transport/socket.js';
 import { toStatus, type Status } from '../transport/status.js';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded, type Frame } from './frame.js';
+import { FRONT_CANCEL, FRONT_SERVICE, decodeCancel } from './front-link.js';
 import { writeBounded } from './peer.js';
 import {
   FRAME_ARRIVAL_MS,
@@ -312,6 +313,10 @@ export class TtrpcServer {
       this.#answer(connection, streamId, invalid(`cannot decode the request: ${messageOf(err)}`));
       return;
     }
+    if (connection.front && request.service === FRONT_SERVICE) {
+      this.#onFrontRequest(connection, streamId, request);
+      return;
+    }
     const handler = this.#handlers.get(`${request.service}/${request.method}`);
     if (handler === undefined) {
       this.#answer(connection, streamId, { code: GRPC_CODES.Unimplemented, message: `${request.service}/${request.method} is not implemented` });
@@ -323,6 +328,21 @@ export class TtrpcServer {
     } else {
       this.#run(connection, streamId, request, handler);
     }
+  }
+
+  /** The task front's own requests (front-link.ts): calls containerd abandoned end here. */
+  #onFrontRequest(connection: Connection, streamId: number, request: Request): void {
+    const ids = request.method === FRONT_CANCEL ? decodeCancel(request.payload) : undefined;
+    if (ids === undefined) {
+      this.#answer(connection, streamId, invalid(`${request.service}/${request.method}: not a request of the task front's`));
+      return;
+    }
+    const gone = new TsboxError('Cancelled', 'containerd\'s connection closed');
+    for (const id of ids) {
+      const call = connection.calls.get(id);
+      if (call !== undefined) this.#abort(connection, call, gone, false);
+    }
+    this.#answer(connection, streamId, OK);
   }
 
   #run(connection: Connection, streamId: number, request: Request, handler: TtrpcHandler): void {

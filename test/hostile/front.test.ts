@@ -5,7 +5,8 @@
  * never read, frames left half-sent, thousands of idle connections. After each, a fresh client is
  * answered within FRESH_CALL_MS and the long-lived client (containerd's connection, holding a call
  * the whole time) at once; the front's RSS stays under RSS_BOUND_MIB and its descriptors come
- * back to the baseline. Then the server behind the front is killed and started again: the held
+ * back to the baseline. A connection that closes with calls held has them ended in the server
+ * behind the front (the front tells it: ttrpc has no cancel). Then the server behind the front is killed and started again: the held
  * call is neither failed nor lost, and the long-lived connection is served by the new one.
  */
 import assert from 'node:assert/strict';
@@ -18,7 +19,8 @@ import { TtrpcClient } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
-import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader } from '../support/ttrpc-peer.js';
+import { FRONT_CANCEL, FRONT_SERVICE, cancelPayload } from '../../src/ttrpc/front-link.js';
+import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
 /** The front's RSS bound during every attack; idle it is about 50 MiB. */
@@ -151,6 +153,39 @@ describe('hostile peers on the task front', () => {
         for (const conn of conns) conn.destroy();
       }
     }));
+
+  test('a connection closed with calls held: the server behind the front ends them, the long-lived connection\'s stays', async () => {
+    const client = await TtrpcClient.connect(socketPath);
+    const calls = Array.from({ length: 20 }, () => client.call(TEST_SERVICE, 'Hold', Buffer.alloc(0)).then(
+        () => 'answered',
+        (err: unknown) => (err instanceof Error ? 'ended' : 'thrown a non-error'),
+      ),
+    );
+    // All 20 and the long-lived connection's are held by the server.
+    assert.equal((await client.call(TEST_SERVICE, 'Echo', Buffer.from('sent'))).toString(), 'sent');
+    const heldNow = Number((await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1000'), { timeoutMs: 5000 }))?.toString());
+    assert.equal(heldNow, 21, 'the server holds the 20 calls and the long-lived connection\'s');
+    client.close();
+    assert.deepEqual(await Promise.all(calls), Array(20).fill('ended'));
+    // Answered only once the server has ended the 20: a server that kept them would never answer.
+    const left = await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1'), { timeoutMs: 10_000 });
+    assert.equal(left?.toString(), '1', 'only the long-lived connection\'s call is held');
+    assert.equal(heldSettled, false);
+  });
+
+  test('a client calling the front\'s own cancel: closed by the front, no call of another client ends', async () => {
+    const ids = Array.from({ length: 5000 }, (_, i) => 2 * i + 1);
+    const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
+    try {
+      await conn.write(requestFrame(1, FRONT_SERVICE, FRONT_CANCEL, cancelPayload(ids)));
+      assert.ok(await conn.closedWithin(5000), 'the connection stayed open');
+    } finally {
+      conn.destroy();
+    }
+    const held = await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1000'), { timeoutMs: 5000 });
+    assert.equal(held?.toString(), '1', 'the long-lived connection\'s call is still held');
+    assert.equal(heldSettled, false);
+  });
 
   test('the server behind the front killed and started again: the held call is kept, not failed, and calls go on', async () => {
     assert.ok(backend !== undefined);

@@ -21,19 +21,48 @@ export const NAMESPACE_KEY = 'containerd-namespace-ttrpc';
 
 /**
  * Serves on `server`: Echo (answers its payload), Hold (answers only when its signal fires,
- * with the signal's reason), Fail (NOT_FOUND naming its payload), Crash (throws a plain Error,
+ * with the signal's reason), HeldAtMost (answers the number of Holds held once it is at most
+ * its payload, a decimal number), Fail (NOT_FOUND naming its payload), Crash (throws a plain Error,
  * whose message must not reach the caller), Namespace (answers the namespace metadata), and
  * the Task API's Connect (typed, through the generated definition).
  */
 export function addTestMethods(server: TtrpcServer): void {
   server.register(TEST_SERVICE, 'Echo', (payload) => Promise.resolve(payload));
+  let held = 0;
+  const heldWaiters = new Set<() => void>();
   server.register(
     TEST_SERVICE,
     'Hold',
     (_payload, ctx) =>
       new Promise((_resolve, reject) => {
-        if (ctx.signal.aborted) reject(abortError(ctx.signal));
-        ctx.signal.addEventListener('abort', () => reject(abortError(ctx.signal)), { once: true });
+        const end = (): void => {
+          held--;
+          for (const waiter of heldWaiters) waiter();
+          reject(abortError(ctx.signal));
+        };
+        held++;
+        if (ctx.signal.aborted) end();
+        else ctx.signal.addEventListener('abort', end, { once: true });
+      }),
+  );
+  // Answers (with the count) once no more than its payload's number of Holds are held.
+  server.register(
+    TEST_SERVICE,
+    'HeldAtMost',
+    (payload, ctx) =>
+      new Promise((resolve, reject) => {
+        const most = Number(payload.toString());
+        const check = (): void => {
+          if (held > most) return;
+          heldWaiters.delete(check);
+          resolve(Buffer.from(String(held)));
+        };
+        heldWaiters.add(check);
+        ctx.signal.addEventListener('abort', () => {
+          heldWaiters.delete(check);
+          reject(abortError(ctx.signal));
+        }, { once: true });
+        check();
       }),
   );
   server.register(TEST_SERVICE, 'Fail', (payload) => Promise.reject(new TsboxError('NotFound', `no such thing: ${payload.toString()}`)));
