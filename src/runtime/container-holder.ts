@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
-import { watch } from 'node:fs';
+import { type FSWatcher, watch } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
-import { createConnection } from 'node:net';
+import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
@@ -173,6 +173,14 @@ export async function readExit(dir: string): Promise<ExitInfo | undefined> {
   return exit;
 }
 
+/** How waitExit follows the exit besides the control socket. */
+export interface WaitExitOptions {
+  /** Told when the directory cannot be watched (the exit is still seen, through the socket). */
+  readonly onWatchLost?: (err: Error) => void;
+  /** fs.watch, or a stand-in. */
+  readonly watchDir?: (dir: string, listener: (event: string, name: string | null) => void) => FSWatcher;
+}
+
 /** How long a control request may take (runc start included). */
 const CONTROL_TIMEOUT_MS = 30_000;
 
@@ -222,18 +230,24 @@ export class ContainerHolder {
    * Resolves with the exit once the holder has written it: an inotify watch on the directory
    * sees the file arrive, and a `wait` on the control socket sees the holder end (its
    * connection closes), so a holder killed before it could write the exit is noticed too (status
-   * 255). No polling.
+   * 255). No polling. Either alone is enough: without the watch (inotify out of watches), the
+   * socket's end is the sign; a connection that ends while the holder lives (refused, reset) is
+   * made again, after a pause that grows to a few seconds.
    */
-  waitExit(signal?: CallSignal): Promise<ExitInfo> {
+  waitExit(signal?: CallSignal, options: WaitExitOptions = {}): Promise<ExitInfo> {
+    const watchDir = options.watchDir ?? watch;
     return new Promise<ExitInfo>((resolve, reject) => {
       let done = false;
-      // Opened first: every way to finish closes it.
-      const conn = createConnection(join(this.dir, 'ctl'));
+      let conn: Socket | undefined;
+      let watcher: FSWatcher | undefined;
+      let retry: NodeJS.Timeout | undefined;
+      let pauseMs = 50;
       const finish = (fn: () => void): void => {
         if (done) return;
         done = true;
-        watcher.close();
-        conn.destroy();
+        watcher?.close();
+        conn?.destroy();
+        clearTimeout(retry);
         signal?.removeEventListener('abort', onAbort);
         fn();
       };
@@ -241,28 +255,57 @@ export class ContainerHolder {
         try {
           const exit = await readExit(this.dir);
           if (exit !== undefined) finish(() => resolve(exit));
-          else if (holderGone && !(await isSameProcess(this.record.holderPid, this.record.holderStart))) {
-            const late = await readExit(this.dir);
-            finish(() => resolve(late ?? lostExit()));
+          else if (holderGone) {
+            if (!(await isSameProcess(this.record.holderPid, this.record.holderStart))) {
+              const late = await readExit(this.dir);
+              finish(() => resolve(late ?? lostExit()));
+            } else if (!done) {
+              // The holder lives but its socket let go of us: ask again, later.
+              retry = setTimeout(dial, pauseMs);
+              pauseMs = Math.min(pauseMs * 2, 5000);
+            }
           }
         } catch (err) {
           finish(() => reject(err instanceof Error ? err : new Error(messageOf(err))));
         }
       };
+      const dial = (): void => {
+        if (done) return;
+        const socket = createConnection(join(this.dir, 'ctl'));
+        conn = socket;
+        socket.on('connect', () => socket.write('wait\n'));
+        // Any end of the connection (the holder exited or died, or never listened): look again.
+        let ended = false;
+        const onEnd = (): void => {
+          if (ended) return;
+          ended = true;
+          void check(true);
+        };
+        socket.on('error', onEnd);
+        socket.on('close', onEnd);
+      };
       const onAbort = (): void => finish(() => reject(abortError(signal as AbortSignal)));
-      const watcher = watch(this.dir, (_event, name) => {
-        if (name === 'exit') void check(false);
-      });
-      watcher.on('error', (err) => finish(() => reject(new TsboxError('Internal', `cannot watch ${this.dir}: ${err.message}`, { cause: err }))));
       if (signal?.aborted) {
         onAbort();
         return;
       }
       signal?.addEventListener('abort', onAbort, { once: true });
-      conn.on('connect', () => conn.write('wait\n'));
-      // Any end of the connection (the holder exited or died, or never listened): look again.
-      conn.on('error', () => void check(true));
-      conn.on('close', () => void check(true));
+      try {
+        watcher = watchDir(this.dir, (_event, name) => {
+          if (name === 'exit') void check(false);
+        });
+        watcher.on('error', (err) => {
+          // The watch is gone; the control socket still tells the end.
+          watcher?.close();
+          watcher = undefined;
+          options.onWatchLost?.(err);
+        });
+      } catch (err) {
+        // No watch to be had (ENOSPC: inotify's limits): the control socket tells the end.
+        watcher = undefined;
+        options.onWatchLost?.(err instanceof Error ? err : new Error(messageOf(err)));
+      }
+      dial();
       // The exit may have been written before the watch began.
       void check(false);
     });

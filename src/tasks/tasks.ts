@@ -340,7 +340,8 @@ export class TaskTable {
   #watch(task: Task, proc: Proc): void {
     const holder = proc.holder;
     if (holder === undefined) return;
-    holder.waitExit().then(
+    const onWatchLost = (err: Error): void => this.#log.warn({ err, id: task.record.id, execId: proc.execId }, 'cannot watch for a process\'s exit file; its holder\'s socket tells the exit');
+    holder.waitExit(undefined, { onWatchLost }).then(
       async (exit) => {
         const ns = task.record.namespace;
         if (proc.execId === '' && this.#opts.cgroups !== undefined) await this.#reportOom(task, exit);

@@ -1,10 +1,17 @@
 // The container holder's records: the pid file it writes before answering (both pids with
 // the start times that make them trustworthy after a restart), and the decision whether a
 // container's other processes must be killed when its init ends (a pid namespace that is not
-// its own, as the runc shim's ShouldKillAllOnExit).
+// its own, as the runc shim's ShouldKillAllOnExit). And how a waiter learns of the exit when
+// inotify gives it no watch: from the holder's control socket alone (a stand-in holder here).
 import assert from 'node:assert/strict';
+import { type FSWatcher } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { type Server, type Socket, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { parseHolderRecord, sharesPidNamespace } from '../../src/runtime/container-holder.js';
+import { ContainerHolder, parseHolderRecord, sharesPidNamespace } from '../../src/runtime/container-holder.js';
+import { processStartTime } from '../../src/runtime/proc.js';
 
 describe('parseHolderRecord', () => {
   test('reads both pids and their start times', () => {
@@ -31,5 +38,81 @@ describe('sharesPidNamespace', () => {
     assert.equal(sharesPidNamespace({ linux: {} }), true);
     assert.equal(sharesPidNamespace({}), true);
     assert.equal(sharesPidNamespace(null), true);
+  });
+});
+
+/**
+ * A stand-in for a holder: its control socket in a directory, this process as the holder's
+ * pid; each `wait` connection is kept until the test ends it.
+ */
+async function fakeHolder(): Promise<{ dir: string; holder: ContainerHolder; waits: Socket[]; nextWait: () => Promise<Socket>; close: () => Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), 'tsbox-holder-u-'));
+  const waits: Socket[] = [];
+  let waiting: ((s: Socket) => void) | undefined;
+  const server: Server = createServer((socket) => {
+    socket.setEncoding('utf8');
+    socket.once('data', (line: string) => {
+      assert.equal(line, 'wait\n');
+      waits.push(socket);
+      waiting?.(socket);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(join(dir, 'ctl'), resolve));
+  const start = await processStartTime(process.pid);
+  assert.ok(start !== undefined);
+  const holder = new ContainerHolder(dir, { holderPid: process.pid, holderStart: start, pid: process.pid, pidStart: start });
+  return {
+    dir,
+    holder,
+    waits,
+    nextWait: () => new Promise((resolve) => (waiting = resolve)),
+    close: async () => {
+      for (const w of waits) w.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+const noWatches = (): FSWatcher => {
+  throw Object.assign(new Error('ENOSPC: System limit for number of file watchers reached'), { code: 'ENOSPC' });
+};
+
+describe('waitExit without an inotify watch', () => {
+  test('the exit is read when the holder ends its control connection, and the lost watch is reported', async () => {
+    const h = await fakeHolder();
+    try {
+      const lost: Error[] = [];
+      const first = h.nextWait();
+      const exit = h.holder.waitExit(undefined, { watchDir: noWatches, onWatchLost: (err) => lost.push(err) });
+      const conn = await first;
+      await writeFile(join(h.dir, 'exit'), '3 1700000000 5\n');
+      conn.destroy();
+      assert.deepEqual(await exit, { status: 3, exitedAt: { seconds: 1700000000, nanos: 5 }, reason: 'exited with code 3' });
+      assert.equal(lost.length, 1);
+      assert.match(lost[0]?.message ?? '', /ENOSPC/);
+    } finally {
+      await h.close();
+    }
+  });
+
+  test('a control connection that ends while the holder lives is made again; the exit is not reported as 255', async () => {
+    const h = await fakeHolder();
+    try {
+      let settled = false;
+      const first = h.nextWait();
+      const exit = h.holder.waitExit(undefined, { watchDir: noWatches }).finally(() => (settled = true));
+      const conn = await first;
+      // The holder (this process) lives and has written no exit: the waiter asks again.
+      const again = h.nextWait();
+      conn.destroy();
+      const second = await again;
+      assert.equal(settled, false, 'the wait ended although the holder lives');
+      await writeFile(join(h.dir, 'exit'), '137 1700000001 0\n');
+      second.destroy();
+      assert.equal((await exit).status, 137);
+    } finally {
+      await h.close();
+    }
   });
 });
