@@ -25,6 +25,8 @@ export interface TaskEvent {
   readonly topic: string;
   readonly typeUrl: string;
   readonly value: Uint8Array;
+  /** Called once the event has reached containerd (not when it is dropped); awaited before the next. */
+  readonly sent?: () => Promise<void>;
 }
 
 /** Sends one event; rejects with a gRPC error. */
@@ -80,9 +82,9 @@ export class EventQueue implements TaskEvents {
     this.#enqueue(ns, '/tasks/start', 'containerd.events.TaskStart', TaskStart.encode({ containerId: id, pid }).finish());
   }
 
-  exited(ns: string, id: string, execId: string, pid: number, exit: ExitInfo): void {
+  exited(ns: string, id: string, execId: string, pid: number, exit: ExitInfo, sent?: () => Promise<void>): void {
     const event = TaskExit.encode({ containerId: id, id: execId || id, pid, exitStatus: exit.status, exitedAt: { ...exit.exitedAt } });
-    this.#enqueue(ns, '/tasks/exit', 'containerd.events.TaskExit', event.finish());
+    this.#enqueue(ns, '/tasks/exit', 'containerd.events.TaskExit', event.finish(), sent);
   }
 
   deleted(ns: string, id: string, pid: number, exit: ExitInfo): void {
@@ -121,13 +123,13 @@ export class EventQueue implements TaskEvents {
     this.#onClose?.();
   }
 
-  #enqueue(namespace: string, topic: string, typeUrl: string, value: Uint8Array): void {
+  #enqueue(namespace: string, topic: string, typeUrl: string, value: Uint8Array, sent?: () => Promise<void>): void {
     if (this.#closed) return;
     if (this.#queue.length >= this.#capacity) {
       this.#log.warn({ topic, capacity: this.#capacity }, 'task event dropped: too many waiting for containerd');
       return;
     }
-    this.#queue.push({ namespace, topic, typeUrl, value });
+    this.#queue.push({ namespace, topic, typeUrl, value, ...(sent === undefined ? {} : { sent }) });
     if (!this.#running) void this.#run();
   }
 
@@ -143,6 +145,7 @@ export class EventQueue implements TaskEvents {
     for (let attempt = 1; ; attempt++) {
       try {
         await this.#send(event, callMs);
+        await event.sent?.();
         return;
       } catch (err) {
         const code = (err as Partial<grpc.ServiceError>).code;

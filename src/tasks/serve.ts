@@ -162,6 +162,7 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
     tasks,
     close: async (drainMs) => {
       closing = true;
+      tasks.close();
       await server.close(drainMs);
     },
   };

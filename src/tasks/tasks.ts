@@ -65,7 +65,8 @@ export interface RootfsMounter {
 export interface TaskEvents {
   created(ns: string, task: { id: string; bundle: string; pid: number }): void;
   started(ns: string, id: string, pid: number): void;
-  exited(ns: string, id: string, execId: string, pid: number, exit: ExitInfo): void;
+  /** `sent` is called once containerd has it. */
+  exited(ns: string, id: string, execId: string, pid: number, exit: ExitInfo, sent?: () => Promise<void>): void;
   deleted(ns: string, id: string, pid: number, exit: ExitInfo): void;
   execAdded(ns: string, id: string, execId: string): void;
   execStarted(ns: string, id: string, execId: string, pid: number): void;
@@ -151,6 +152,8 @@ class Proc {
 class Task {
   readonly execs = new Map<string, Proc>();
   deleted = false;
+  /** Frozen by Pause (runc pause) until Resume. */
+  paused = false;
   /** The container's cgroup, located at Create (the init's /proc entry is gone after its exit). */
   cgroup: string | undefined;
 
@@ -159,6 +162,13 @@ class Task {
     readonly dir: string,
     readonly init: Proc,
   ) {}
+}
+
+/** In a process's directory once containerd has its TaskExit. */
+const EXIT_REPORTED = 'exit-reported';
+
+async function exists(path: string): Promise<boolean> {
+  return (await readIfPresent(path)) !== undefined;
 }
 
 /** Short, fixed-length directory names: a holder's control socket path must fit 108 bytes. */
@@ -201,6 +211,7 @@ function runcHandlerOptions(options: AnyValue | undefined): RuncHandlerOptions {
 }
 
 export class TaskTable {
+  #closed = false;
   readonly #opts: TaskTableOptions;
   readonly #log: Logger;
   readonly #tasks = new Map<string, Task>();
@@ -235,6 +246,14 @@ export class TaskTable {
     const proc = task.execs.get(execId);
     if (proc === undefined) throw new TsboxError('NotFound', `process ${execId} not found in task ${id}`);
     return { task, proc };
+  }
+
+  /**
+   * Stops reporting exits: a tsbox that is stopping leaves them to the next one, which finds
+   * them recorded and not yet published. Calls still waiting get their answers from that one.
+   */
+  close(): void {
+    this.#closed = true;
   }
 
   /** The init's pid of a task, 0 when there is none (Connect never fails). */
@@ -310,6 +329,8 @@ export class TaskTable {
         const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
         task.init.holder = holder;
         task.cgroup = await this.#locate(holder.pid);
+        // Kept for a restarted tsbox: the init's /proc entry, which locates it, goes at its exit.
+        if (task.cgroup !== undefined) await writeFile(join(dir, 'cgroup'), task.cgroup, { mode: 0o600 });
         this.#tasks.set(key, task);
         this.#watch(task, task.init);
         this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
@@ -342,16 +363,29 @@ export class TaskTable {
     if (holder === undefined) return;
     const onWatchLost = (err: Error): void => this.#log.warn({ err, id: task.record.id, execId: proc.execId }, 'cannot watch for a process\'s exit file; its holder\'s socket tells the exit');
     holder.waitExit(undefined, { onWatchLost }).then(
-      async (exit) => {
-        const ns = task.record.namespace;
-        if (proc.execId === '' && this.#opts.cgroups !== undefined) await this.#reportOom(task, exit);
-        proc.settle(exit);
-        this.#opts.events.exited(ns, task.record.id, proc.execId, proc.pid, exit);
-      },
+      (exit) => this.#reportExit(task, proc, exit),
       (err: unknown) => {
         this.#log.error({ err, id: task.record.id, execId: proc.execId }, 'cannot follow a process\'s exit; reporting status 255');
         proc.settle({ status: 255, exitedAt: systemClock(), reason: `exit unknown: ${messageOf(err)}` });
       },
+    );
+  }
+
+  /**
+   * An exit, seen live or found at recovery: an OOM kill published first (the init's), then
+   * Waits answered, then TaskExit published. Once containerd has TaskExit, a marker in the
+   * process's directory says so, and a tsbox restarted later does not publish it again.
+   */
+  async #reportExit(task: Task, proc: Proc, exit: ExitInfo): Promise<void> {
+    // Closed (tsbox is stopping): the next tsbox finds the exit file and reports it.
+    if (this.#closed) return;
+    if (proc.execId === '' && this.#opts.cgroups !== undefined) await this.#reportOom(task, exit);
+    proc.settle(exit);
+    this.#opts.events.exited(task.record.namespace, task.record.id, proc.execId, proc.pid, exit, () =>
+      writeFile(join(proc.dir, EXIT_REPORTED), '', { mode: 0o600 }).catch((err: unknown) => {
+        // Gone: the process was deleted meanwhile, and its directory with it.
+        if (!isGone(err)) this.#log.warn({ err, dir: proc.dir }, 'cannot mark an exit as published; a restarted tsbox publishes it again');
+      }),
     );
   }
 
@@ -442,7 +476,8 @@ export class TaskTable {
 
   state(ns: string, id: string, execId: string): ProcessState {
     const { task, proc } = this.#proc(ns, id, execId);
-    return { id: execId || id, execId, bundle: task.record.bundle, pid: proc.pid, status: proc.status, exit: proc.exit, ...proc.io };
+    const status = task.paused && proc.status === Status.RUNNING ? Status.PAUSED : proc.status;
+    return { id: execId || id, execId, bundle: task.record.bundle, pid: proc.pid, status, exit: proc.exit, ...proc.io };
   }
 
   /** Wait: resolves with the exit once the process has one; ends early with the call's signal. */
@@ -619,10 +654,14 @@ export class TaskTable {
     }
   }
 
-  async pause(ns: string, id: string, resume: boolean, signal: CallSignal): Promise<void> {
-    const task = this.#get(ns, id);
-    if (task.init.status !== Status.RUNNING) throw new TsboxError('FailedPrecondition', `task ${id} is not running`);
-    await runc(this.#runc(task.record), [resume ? 'resume' : 'pause', id], { signal });
+  /** Pause freezes every process of the container (runc pause); Resume thaws them. State says PAUSED meanwhile. */
+  pause(ns: string, id: string, resume: boolean, signal: CallSignal): Promise<void> {
+    return this.#queue.run(this.#key(ns, id), async () => {
+      const task = this.#get(ns, id);
+      if (task.init.status !== Status.RUNNING) throw new TsboxError('FailedPrecondition', `task ${id} is not running`);
+      await runc(this.#runc(task.record), [resume ? 'resume' : 'pause', id], { signal });
+      task.paused = !resume;
+    });
   }
 
   /**
@@ -657,6 +696,7 @@ export class TaskTable {
     }
     const record = JSON.parse(text) as TaskRecord;
     const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
+    task.cgroup = (await readIfPresent(join(dir, 'cgroup'))) || undefined;
     await this.#recoverProc(task, task.init);
     if (task.init.holder === undefined && task.init.exit === undefined) {
       // A Create that never answered: undo what it did; containerd asks again or gives up.
@@ -668,7 +708,7 @@ export class TaskTable {
       await rm(dir, { recursive: true, force: true });
       return;
     }
-    if (task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
+    if (task.cgroup === undefined && task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
     for (const name of await readdir(dir)) {
       if (!name.startsWith('e-')) continue;
       const execText = await readIfPresent(join(dir, name, 'exec.json'));
@@ -686,12 +726,20 @@ export class TaskTable {
     if (found.kind === 'absent') return;
     if (found.kind === 'exited') {
       proc.started = true;
-      proc.settle(found.exit);
+      // Exited while tsbox was away: containerd may not have heard (nor of an OOM kill).
+      if (await exists(join(proc.dir, EXIT_REPORTED))) proc.settle(found.exit);
+      else await this.#reportExit(task, proc, found.exit);
       return;
     }
     proc.holder = found.holder;
-    // A running init has been started unless runc still says created.
-    proc.started = proc.execId !== '' || (await this.#runcStatus(task)) !== 'created';
+    if (proc.execId !== '') {
+      proc.started = true;
+    } else {
+      // A running init has been started unless runc still says created.
+      const status = await this.#runcStatus(task);
+      proc.started = status !== 'created';
+      task.paused = status === 'paused';
+    }
     this.#watch(task, proc);
   }
 

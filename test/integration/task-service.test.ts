@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
@@ -22,7 +22,7 @@ import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { repoRoot } from '../support/containerd-clients.js';
 import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
-import { makeTempDir, processAlive, removeTree, unmountBelow } from '../support/processes.js';
+import { makeTempDir, processAlive, removeTree, unmountBelow, waitFor } from '../support/processes.js';
 
 const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
 const shimPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-shim');
@@ -34,13 +34,18 @@ let scratch = '';
 let image = '';
 
 /** Events as a list, to check what reached "containerd". */
-function recordingEvents(): TaskEvents & { seen: string[] } {
+function recordingEvents(): TaskEvents & { seen: string[]; sent: Promise<void>[] } {
   const seen: string[] = [];
+  const sent: Promise<void>[] = [];
   return {
     seen,
+    sent,
     created: (_ns, t) => void seen.push(`create ${t.id}`),
     started: (_ns, id) => void seen.push(`start ${id}`),
-    exited: (_ns, id, execId, _pid, exit) => void seen.push(`exit ${execId || id} ${exit.status}`),
+    exited: (_ns, id, execId, _pid, exit, done) => {
+      seen.push(`exit ${execId || id} ${exit.status}`);
+      if (done !== undefined) sent.push(done());
+    },
     deleted: (_ns, id) => void seen.push(`delete ${id}`),
     execAdded: (_ns, _id, execId) => void seen.push(`exec-added ${execId}`),
     execStarted: (_ns, _id, execId) => void seen.push(`exec-started ${execId}`),
@@ -74,6 +79,16 @@ async function serve(name: string): Promise<Served> {
   const socket = path.join(scratch, `${name}.sock`);
   await server.listen(socket, 0o600);
   return { client: await TtrpcClient.connect(socket), server, events, table };
+}
+
+/** The directory of a task's records, found by its id in task.json. */
+function taskDirOf(id: string): string {
+  const dir = path.join(scratch, 'tasks');
+  for (const name of readdirSync(dir)) {
+    const text = readFileSync(path.join(dir, name, 'task.json'), 'utf8');
+    if ((JSON.parse(text) as { id?: unknown }).id === id) return path.join(dir, name);
+  }
+  throw new Error(`no record of task ${id} in ${dir}`);
 }
 
 /** A bundle as containerd makes one: config.json and an empty rootfs to mount into. */
@@ -248,23 +263,55 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     for (const id of ['c3', 'c4', 'c6']) assert.equal(mountedBelow(path.join(scratch, 'bundles', id, 'rootfs')), false, `${id}: nothing left mounted`);
   });
 
-  test('a new task table (tsbox restarted) finds a running container and its exit', async () => {
+  test('a new task table (tsbox restarted) finds a running container, a paused one, and an exit it missed, which it publishes once', async () => {
+    const meta = { metadata: META };
     const first = await serve('d1');
     const req = createRequest('c7', ['sleep', '1000']);
-    const { pid } = await first.client.request(TaskService.create, req, { metadata: META });
-    await first.client.request(TaskService.start, { id: 'c7', execId: '' }, { metadata: META });
+    const { pid } = await first.client.request(TaskService.create, req, meta);
+    await first.client.request(TaskService.start, { id: 'c7', execId: '' }, meta);
+    const paused = createRequest('c10', ['sleep', '1000']);
+    await first.client.request(TaskService.create, paused, meta);
+    await first.client.request(TaskService.start, { id: 'c10', execId: '' }, meta);
+    await first.client.request(TaskService.pause, { id: 'c10' }, meta);
+    assert.equal((await first.client.request(TaskService.state, { id: 'c10', execId: '' }, meta)).status, Status.PAUSED);
+    const missed = createRequest('c11', ['sleep', '1000']);
+    const missedPid = (await first.client.request(TaskService.create, missed, meta)).pid;
+    await first.client.request(TaskService.start, { id: 'c11', execId: '' }, meta);
     first.client.close();
+    first.table.close();
     await first.server.close(0);
+    // c11 ends while no table runs (tsbox is away).
+    process.kill(missedPid, 'SIGKILL');
+    const exitFile = path.join(taskDirOf('c11'), 'init', 'exit');
+    await waitFor(() => existsSync(exitFile), { what: 'the holder records c11\'s exit', timeoutMs: 10_000 });
     const second = await serve('d2');
     open.push(second);
-    const state = await second.client.request(TaskService.state, { id: 'c7', execId: '' }, { metadata: META });
+    const state = await second.client.request(TaskService.state, { id: 'c7', execId: '' }, meta);
     assert.equal(state.status, Status.RUNNING);
     assert.equal(state.pid, pid, 'the same process');
-    const wait = second.client.request(TaskService.wait, { id: 'c7', execId: '' }, { metadata: META });
-    await second.client.request(TaskService.kill, { id: 'c7', execId: '', signal: 9, all: false }, { metadata: META });
+    assert.equal((await second.client.request(TaskService.state, { id: 'c10', execId: '' }, meta)).status, Status.PAUSED, 'a paused container is still PAUSED');
+    await second.client.request(TaskService.resume, { id: 'c10' }, meta);
+    assert.equal((await second.client.request(TaskService.state, { id: 'c10', execId: '' }, meta)).status, Status.RUNNING);
+    assert.equal((await second.client.request(TaskService.wait, { id: 'c11', execId: '' }, meta)).exitStatus, 137, 'the exit missed is answered');
+    assert.deepEqual(second.events.seen, ['exit c11 137'], 'the exit missed is published at recovery, and nothing else');
+    await Promise.all(second.events.sent);
+    const wait = second.client.request(TaskService.wait, { id: 'c7', execId: '' }, meta);
+    await second.client.request(TaskService.kill, { id: 'c7', execId: '', signal: 9, all: false }, meta);
     assert.equal((await wait).exitStatus, 137, 'the exit reaches the new table with its own code');
-    await second.client.request(TaskService.delete, { id: 'c7', execId: '' }, { metadata: META });
+    await Promise.all(second.events.sent);
+    second.client.close();
+    second.table.close();
+    await second.server.close(0);
+    open.pop();
+    const third = await serve('d3');
+    open.push(third);
+    assert.deepEqual(third.events.seen, [], 'a restarted table publishes no exit containerd already has');
+    for (const id of ['c7', 'c11']) await third.client.request(TaskService.delete, { id, execId: '' }, meta);
+    await third.client.request(TaskService.kill, { id: 'c10', execId: '', signal: 9, all: true }, meta);
+    await third.client.request(TaskService.wait, { id: 'c10', execId: '' }, meta);
+    await third.client.request(TaskService.delete, { id: 'c10', execId: '' }, meta);
     assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false);
+    assert.deepEqual(runcList(), []);
   });
   test("a sandbox's Shutdown deletes the tasks it left, processes, rootfs and records, and no other sandbox's", async () => {
     const s = await serve('e');
