@@ -24,6 +24,8 @@
  *   "ok <holder-pid> <pid>\n"   the container is created (create) or the process runs (exec)
  *   "error <message>\n"         nothing is left running; the holder exits 1. <message> is
  *                               runc's own last error when runc failed.
+ * First of all the holder writes DIR/holder, "<holder-pid> <holder-start>\n": a tsbox restarted
+ * before the answer finds the holder still at work by it.
  * Before answering ok the holder writes DIR/pid:
  *   "<holder-pid> <holder-start> <pid> <pid-start>\n"
  * (start times are field 22 of /proc/PID/stat): written by the one process that knows all
@@ -740,6 +742,13 @@ int main(int argc, char **argv) {
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
   /* runc create exits once the container is made: its init is then reparented here. */
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+  /* Named before any work: a tsbox restarted while runc works finds this holder by it (with
+     the start time that makes the pid trustworthy) and ends it, rather than racing it. */
+  unsigned long long born = start_time(getpid());
+  if (born == 0) fail("read /proc/self/stat: %s", strerror(errno));
+  char self[64];
+  snprintf(self, sizeof self, "%d %llu\n", (int)getpid(), born);
+  if (write_file_atomic("holder", self, 0) < 0) fail("write %s/holder: %s", dir, strerror(errno));
   sigset_t chld;
   if (sigemptyset(&chld) < 0 || sigaddset(&chld, SIGCHLD) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0)
     fail("block SIGCHLD: %s", strerror(errno));

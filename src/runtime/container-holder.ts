@@ -3,6 +3,7 @@ import { type FSWatcher, watch } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
 import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
@@ -142,6 +143,8 @@ async function runHolder(io: HolderIo, args: string[], what: string): Promise<Co
 export type FoundHolder =
   | { readonly kind: 'running'; readonly holder: ContainerHolder }
   | { readonly kind: 'exited'; readonly exit: ExitInfo }
+  /** A holder that has not answered yet and still runs (tsbox stopped while it worked). */
+  | { readonly kind: 'working'; readonly holderPid: number; readonly holderStart: string }
   /** No record: the holder never answered, or this is not a holder's directory. */
   | { readonly kind: 'absent' };
 
@@ -158,10 +161,36 @@ export async function findContainerHolder(dir: string): Promise<FoundHolder> {
   const exit = await readExit(dir);
   if (exit !== undefined) return { kind: 'exited', exit };
   const record = parseHolderRecord((await readIfPresent(join(dir, 'pid'))) ?? '');
-  if (record === undefined) return { kind: 'absent' };
+  if (record === undefined) {
+    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresent(join(dir, 'holder'))) ?? '');
+    if (early === null) return { kind: 'absent' };
+    const holderPid = Number(early[1]);
+    const holderStart = early[2] as string;
+    if (!(await isSameProcess(holderPid, holderStart))) return { kind: 'absent' };
+    // It may have answered between the first read and this one.
+    const answered = parseHolderRecord((await readIfPresent(join(dir, 'pid'))) ?? '');
+    if (answered === undefined) return { kind: 'working', holderPid, holderStart };
+    return { kind: 'running', holder: new ContainerHolder(dir, answered) };
+  }
   if (await isSameProcess(record.holderPid, record.holderStart)) return { kind: 'running', holder: new ContainerHolder(dir, record) };
   // It may have written the exit between the first read and its end.
   return { kind: 'exited', exit: (await readExit(dir)) ?? lostExit() };
+}
+
+/**
+ * Ends a holder found still at work (and runc under it: its process group) and waits, at most
+ * `timeoutMs`, for it to be gone; false when it outlived the bound.
+ */
+export async function endWorkingHolder(holderPid: number, holderStart: string, timeoutMs: number): Promise<boolean> {
+  if (!(await isSameProcess(holderPid, holderStart))) return true;
+  signalGroup(holderPid, 'SIGKILL');
+  // Not our child: no event tells its end; /proc is looked at every 20 ms.
+  const until = Date.now() + timeoutMs;
+  while (await isSameProcess(holderPid, holderStart)) {
+    if (Date.now() >= until) return false;
+    await delay(20);
+  }
+  return true;
 }
 
 /** Reads `<dir>/exit`; undefined while there is none. A malformed file is an error. */

@@ -12,6 +12,7 @@ import {
   ContainerHolder,
   createContainer,
   execProcess,
+  endWorkingHolder,
   findContainerHolder,
   sharesPidNamespace,
 } from '../runtime/container-holder.js';
@@ -163,6 +164,9 @@ class Task {
     readonly init: Proc,
   ) {}
 }
+
+/** How long a holder found at work after a restart may take to die of SIGKILL. */
+const HOLDER_END_MS = 10_000;
 
 /** In a process's directory once containerd has its TaskExit. */
 const EXIT_REPORTED = 'exit-reported';
@@ -724,6 +728,15 @@ export class TaskTable {
   async #recoverProc(task: Task, proc: Proc): Promise<void> {
     const found = await findContainerHolder(proc.dir);
     if (found.kind === 'absent') return;
+    if (found.kind === 'working') {
+      // tsbox stopped while this holder was making the container or starting the exec: nobody
+      // was answered. It is ended, so that undoing it does not race it; a replayed call redoes it.
+      this.#log.warn({ id: task.record.id, execId: proc.execId, holder: found.holderPid }, 'a container holder was still at work when tsbox stopped: ending it');
+      if (!(await endWorkingHolder(found.holderPid, found.holderStart, HOLDER_END_MS))) {
+        this.#log.error({ id: task.record.id, holder: found.holderPid }, `a container holder did not end within ${HOLDER_END_MS} ms of SIGKILL`);
+      }
+      return;
+    }
     if (found.kind === 'exited') {
       proc.started = true;
       // Exited while tsbox was away: containerd may not have heard (nor of an OOM kill).

@@ -60,13 +60,13 @@ interface Served {
   readonly table: TaskTable;
 }
 
-async function serve(name: string): Promise<Served> {
+async function serve(name: string, runcPath = 'runc'): Promise<Served> {
   const events = recordingEvents();
   const table = new TaskTable({
     logger: pino({ level: 'silent' }),
     dir: path.join(scratch, 'tasks'),
     runcRoot: path.join(scratch, 'runc'),
-    runcPath: 'runc',
+    runcPath,
     holderPath,
     createTimeoutMs: 30_000,
     rootfs: { mount: (m, t, s) => mountRootfs(shimPath, m, t, s), unmount: (t, s) => unmountRootfs(shimPath, t, s) },
@@ -313,6 +313,36 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false);
     assert.deepEqual(runcList(), []);
   });
+  test('tsbox stopped while a holder still makes a container: the next table ends that holder and undoes the create; the create made again works', async () => {
+    // A runc that takes its time over create, as under load.
+    const slowRunc = path.join(scratch, 'slow-runc');
+    writeFileSync(slowRunc, '#!/bin/sh\ncase " $* " in *" create "*) sleep 1000 ;; esac\nexec runc "$@"\n', { mode: 0o755 });
+    const first = await serve('f1', slowRunc);
+    const req = createRequest('c12', ['sleep', '1000']);
+    // Never answered: the first table stands for a tsbox that is gone.
+    const abandoned = first.table.create(NS, req, new AbortController().signal).then(
+      () => 'answered',
+      (err: unknown) => (err instanceof Error ? 'failed' : 'thrown a non-error'),
+    );
+    await waitFor(() => existsSync(path.join(scratch, 'tasks')) && readdirSync(path.join(scratch, 'tasks')).some((n) => existsSync(path.join(scratch, 'tasks', n, 'init', 'holder'))), { what: 'the holder at work', timeoutMs: 10_000 });
+    const holderPid = Number(readFileSync(path.join(taskDirOf('c12'), 'init', 'holder'), 'utf8').split(' ')[0]);
+    assert.ok(processAlive(holderPid));
+    first.client.close();
+    first.table.close();
+    await first.server.close(0);
+    const second = await serve('f2');
+    open.push(second);
+    assert.equal(processAlive(holderPid), false, 'the holder at work is ended by the recovery');
+    assert.equal(await codeOf(second.client.request(TaskService.state, { id: 'c12', execId: '' }, { metadata: META })), GRPC_CODES.NotFound, 'the unanswered create is undone');
+    assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false, 'its rootfs is unmounted');
+    assert.equal(await abandoned, 'failed');
+    // containerd asks again (the front replays the call): it is made anew.
+    const { pid } = await second.client.request(TaskService.create, req, { metadata: META });
+    assert.ok(processAlive(pid));
+    await second.client.request(TaskService.delete, { id: 'c12', execId: '' }, { metadata: META });
+    assert.deepEqual(runcList(), []);
+  });
+
   test("a sandbox's Shutdown deletes the tasks it left, processes, rootfs and records, and no other sandbox's", async () => {
     const s = await serve('e');
     open.push(s);
