@@ -101,7 +101,7 @@ async function reachFront(socket: string, stateDir: string, logger: Logger): Pro
   if (found !== undefined) return found;
   const log = await open(files.log, 'a', 0o600);
   try {
-    const child = spawn(process.execPath, [FRONT_MAIN, '--listen', socket, '--backend', files.backend, '--pid-file', files.pid], {
+    const child = spawn(process.execPath, [FRONT_MAIN, '--listen', socket, '--backend', files.backend, '--pid-file', files.pid, '--log-file', files.log], {
       detached: true,
       stdio: ['ignore', log.fd, log.fd],
     });
