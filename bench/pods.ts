@@ -10,7 +10,13 @@
  * container's holder, plus the change of tsbox's own PSS and its task front's, and of
  * containerd's, per pod: signed, negative when it shrank).
  *
- *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--json out.json]
+ * Then, per handler, SCALE pods (100) are started and held, and the node's memory (every pod's
+ * processes, tsbox, its front and containerd) and the descriptors of tsbox and its front are
+ * read at each quarter: the per-pod slope of a least-squares line through them, and how
+ * straight it is (R²). The pods then go, and come and go once more: what tsbox and its front
+ * hold after each time, against before.
+ *
+ *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--scale 100] [--json out.json]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
  *
  * `--sandbox-only` runs pods without containers (RunPodSandbox, then StopPodSandbox and
@@ -28,6 +34,7 @@ const { values } = parseArgs({
     serial: { type: 'string', default: '8' },
     concurrent: { type: 'string', default: '12' },
     'memory-pods': { type: 'string', default: '8' },
+    scale: { type: 'string', default: '100' },
     json: { type: 'string' },
     'sandbox-only': { type: 'boolean', default: false },
     'tsbox-main': { type: 'string' },
@@ -38,6 +45,7 @@ const ROUNDS = Number(values.rounds);
 const SERIAL = Number(values.serial);
 const CONCURRENT = Number(values.concurrent);
 const MEMORY_PODS = Number(values['memory-pods']);
+const SCALE_PODS = Number(values.scale);
 const PARALLEL = 4;
 const HANDLERS = [TSBOX_HANDLER, TSBOX_TASK_HANDLER, RUNC_HANDLER] as const;
 type Handler = (typeof HANDLERS)[number];
@@ -188,6 +196,79 @@ async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigur
   return { podProcessesKiB, tsboxKiB, containerdKiB, totalKiB: podProcessesKiB + tsboxKiB + containerdKiB, processesPerPod: processes / MEMORY_PODS };
 }
 
+/** Open descriptors of a process, 0 when it is gone. */
+function fdCount(pid: number): number {
+  try {
+    return readdirSync(`/proc/${pid}/fd`).length;
+  } catch {
+    return 0; // ended meanwhile
+  }
+}
+
+/** Least squares through (x, y): slope and R². */
+function fit(points: readonly (readonly [number, number])[]): { slope: number; r2: number } {
+  const n = points.length;
+  const mx = points.reduce((a, [x]) => a + x, 0) / n;
+  const my = points.reduce((a, [, y]) => a + y, 0) / n;
+  let sxy = 0;
+  let sxx = 0;
+  let syy = 0;
+  for (const [x, y] of points) {
+    sxy += (x - mx) * (y - my);
+    sxx += (x - mx) ** 2;
+    syy += (y - my) ** 2;
+  }
+  const slope = sxx === 0 ? NaN : sxy / sxx;
+  return { slope, r2: syy === 0 ? 1 : (sxy * sxy) / (sxx * syy) };
+}
+
+interface ScaleFigures {
+  /** Node memory (KiB) and tsbox's + front's descriptors against pods held. */
+  readonly memory: [number, number][];
+  readonly fds: [number, number][];
+  /** tsbox's + front's PSS (KiB) and descriptors: before, after the pods went, after a second come-and-go. */
+  readonly daemon: { pssKiB: number; fds: number }[];
+}
+
+/** Every process that grows with a handler's pods, and the daemons, in KiB of PSS. */
+function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
+  const pids = new Set<number>([env.tsbox.pid ?? 0, frontPid(env), env.containerd.pid ?? 0]);
+  for (const pod of pods) for (const pid of podProcesses(env, pod)) pids.add(pid);
+  let kib = 0;
+  for (const pid of pids) if (pid > 0) kib += pssKiB(pid);
+  return kib;
+}
+
+async function measureScale(env: PodEnv, handler: Handler): Promise<ScaleFigures> {
+  const daemonNow = (): { pssKiB: number; fds: number } => ({
+    pssKiB: pssKiB(env.tsbox.pid ?? 0) + pssKiB(frontPid(env)),
+    fds: fdCount(env.tsbox.pid ?? 0) + fdCount(frontPid(env)),
+  });
+  const figures: ScaleFigures = { memory: [], fds: [], daemon: [] };
+  await settle();
+  figures.daemon.push(daemonNow());
+  const quarter = Math.max(1, Math.floor(SCALE_PODS / 4));
+  for (let cycle = 0; cycle < 2; cycle++) {
+    const pods: Pod[] = [];
+    if (cycle === 0) {
+      figures.memory.push([0, nodeKiB(env, pods)]);
+      figures.fds.push([0, figures.daemon[0]?.fds ?? 0]);
+    }
+    for (let i = 0; i < SCALE_PODS; i++) {
+      pods.push(await startPod(env, handler, `scale-${handler}-${cycle}-${i}`));
+      if (cycle === 0 && (i + 1) % quarter === 0) {
+        await settle();
+        figures.memory.push([i + 1, nodeKiB(env, pods)]);
+        figures.fds.push([i + 1, daemonNow().fds]);
+      }
+    }
+    for (const pod of pods) await removePod(env, pod);
+    await settle();
+    figures.daemon.push(daemonNow());
+  }
+  return figures;
+}
+
 type Samples = Record<Handler, Record<Step, number[]>>;
 const empty = (): Record<Step, number[]> => Object.fromEntries(STEPS.map((s) => [s, [] as number[]])) as unknown as Record<Step, number[]>;
 
@@ -201,6 +282,7 @@ async function main(): Promise<void> {
   const concurrent: Samples = { tsbox: empty(), 'tsbox-task': empty(), runc: empty() };
   const rate: Record<Handler, number[]> = { tsbox: [], 'tsbox-task': [], runc: [] };
   const memory: Record<Handler, MemoryFigures[]> = { tsbox: [], 'tsbox-task': [], runc: [] };
+  const scale: Partial<Record<Handler, ScaleFigures>> = {};
   try {
     // One warm-up pod per handler: the first container of an image pays for its snapshot.
     for (const h of HANDLERS) await removePod(env, await startPod(env, h, `warm-${h}`));
@@ -241,6 +323,7 @@ async function main(): Promise<void> {
         memory[h].push(await measureMemory(env, h));
       }
     }
+    if (SCALE_PODS > 0) for (const h of HANDLERS) scale[h] = await measureScale(env, h);
   } finally {
     await env.teardown();
   }
@@ -285,7 +368,36 @@ async function main(): Promise<void> {
   process.stdout.write(
     `\n${SANDBOX_ONLY ? 'Pod sandboxes without containers' : 'Pods with one container'} through CRI, ${when} UTC${values['tsbox-main'] === undefined ? '' : ` (tsbox: ${values['tsbox-main']})`}: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating\n\n${table}\n`,
   );
-  if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ when, serial, concurrent, rate, memory }, null, 2));
+  if (SCALE_PODS > 0) {
+    const order = [RUNC_HANDLER, ...TSBOXES] as const;
+    const scaleRows: string[][] = [];
+    const cell = (h: Handler, f: (x: ScaleFigures) => string): string => {
+      const x = scale[h];
+      return x === undefined ? '–' : f(x);
+    };
+    const line = (points: [number, number][]): string => {
+      const { slope, r2 } = fit(points);
+      return `${slope.toFixed(1)} (R² ${r2.toFixed(3)})`;
+    };
+    scaleRows.push([`node memory per pod held, slope over ${SCALE_PODS} pods, KiB`, ...order.map((h) => cell(h, (x) => line(x.memory)))]);
+    scaleRows.push([`tsbox's and its front's descriptors per pod held, slope`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => line(x.fds))))]);
+    const change = (x: ScaleFigures, i: number, k: 'pssKiB' | 'fds'): string => {
+      const a = x.daemon[0];
+      const b = x.daemon[i];
+      return a === undefined || b === undefined ? '–' : signed(b[k] - a[k]);
+    };
+    for (const [i, when2] of [
+      [1, `after the ${SCALE_PODS} pods went`],
+      [2, `after they came and went once more`],
+    ] as const) {
+      scaleRows.push([`tsbox + front PSS ${when2}, KiB against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'pssKiB'))))]);
+      scaleRows.push([`tsbox + front descriptors ${when2}, against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'fds'))))]);
+    }
+    const scaleHeader = ['figure', 'podsandbox (runc)', 'tsbox, shim route', 'tsbox, Task API route'];
+    const scaleTable = [scaleHeader, scaleHeader.map(() => '---'), ...scaleRows].map((r) => `| ${r.join(' | ')} |`).join('\n');
+    process.stdout.write(`\n${SCALE_PODS} pods held, then gone, then come and gone once more, per handler:\n\n${scaleTable}\n`);
+  }
+  if (values.json !== undefined) writeFileSync(values.json, JSON.stringify({ when, serial, concurrent, rate, memory, scale }, null, 2));
 }
 
 main().catch((err: unknown) => {

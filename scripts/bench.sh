@@ -22,9 +22,9 @@ mkdir -p "$out"
 npm run -s build >&2
 if [ "${PODS:-1}" != 0 ]; then
   echo "==> pods with one container through CRI: tsbox vs podsandbox, alternating" >&2
-  node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} | tee "$out/pods.md"
+  node dist/bench/pods.js --json "$out/pods.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4 --scale 20} | tee "$out/pods.md"
   echo "==> pod sandboxes without containers through CRI: tsbox vs podsandbox, alternating" >&2
-  node dist/bench/pods.js --sandbox-only --json "$out/pods-sandbox-only.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} \
+  node dist/bench/pods.js --sandbox-only --scale 0 --json "$out/pods-sandbox-only.json" ${QUICK:+--rounds 1 --serial 4 --concurrent 8 --memory-pods 4} \
     | tee "$out/pods-sandbox-only.md"
 fi
 [ -z "${PODS_ONLY:-}" ] || { echo "results: $out" >&2; exit 0; }
