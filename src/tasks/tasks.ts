@@ -310,10 +310,12 @@ export class TaskTable {
       try {
         // First, so that a tsbox that dies part-way leaves a record naming what to undo.
         await writeJson(join(dir, 'task.json'), record);
+        const t0 = performance.now();
         if (request.rootfs.length > 0) {
           await this.#opts.rootfs.mount(request.rootfs, rootfs, signal);
           mounted = true;
         }
+        const t1 = performance.now();
         holder = await createContainer({
           dir: join(dir, 'init'),
           id: request.id,
@@ -330,6 +332,7 @@ export class TaskTable {
           bundle: request.bundle,
           killAll: sharesPidNamespace(config),
         });
+        const t2 = performance.now();
         const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
         task.init.holder = holder;
         task.cgroup = await this.#locate(holder.pid);
@@ -338,6 +341,8 @@ export class TaskTable {
         this.#tasks.set(key, task);
         this.#watch(task, task.init);
         this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
+        const ms = (x: number): number => Math.round(x * 10) / 10;
+        this.#log.debug({ id: request.id, mountMs: ms(t1 - t0), runcCreateMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'task created');
         return holder.pid;
       } catch (err) {
         // runc may have made the container although its holder did not answer in time (or the
@@ -413,7 +418,9 @@ export class TaskTable {
       if (proc.started) return proc.pid;
       if (proc.exit !== undefined) throw new TsboxError('FailedPrecondition', `process ${execId || id} has already exited`);
       if (execId === '') {
+        const t0 = performance.now();
         await (proc.holder as ContainerHolder).start(signal);
+        this.#log.debug({ id, runcStartMs: Math.round((performance.now() - t0) * 10) / 10 }, 'task started');
         proc.started = true;
         this.#opts.events.started(ns, id, proc.pid);
         return proc.pid;

@@ -69,7 +69,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
 
   const taskSocket = (): string => path.join(path.dirname(env.tsbox.socketPath), 'task.sock');
 
-  test('containers run with no runc shim: the task endpoint is tsbox\'s, version 3; exec, logs, exit codes, SIGTERM on stop, stats; nothing left', () =>
+  test('containers run with no runc shim: the task endpoint is tsbox\'s, version 3; exec, logs, exit codes, stats, resources updated, SIGTERM on stop; nothing left', () =>
     withLogs(async () => {
       const config = env.podConfig('direct');
       const id = await runPod(config, TSBOX_TASK_HANDLER);
@@ -109,6 +109,11 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const stats = await env.cri.call('ContainerStats', { container_id: c1 });
       assert.equal(stats.stats?.attributes?.id, c1);
       assert.ok(Number(stats.stats?.memory?.working_set_bytes?.value ?? 0) > 0, `c1 memory: ${JSON.stringify(stats.stats?.memory)}`);
+
+      // UpdateContainerResources reaches the container's cgroup (runc update).
+      await env.cri.call('UpdateContainerResources', { container_id: c2, linux: { memory_limit_in_bytes: 96 * 1024 * 1024, cpu_shares: 512 } });
+      const limit = await sh(c2, 'cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes');
+      assert.equal(limit.trim(), String(96 * 1024 * 1024), 'the new memory limit is the cgroup\'s');
 
       // StopContainer with a grace period: SIGTERM first, the container's own exit code.
       await env.cri.call('StopContainer', { container_id: c1, timeout: 20 }, { timeoutMs: 60_000 });

@@ -307,6 +307,7 @@ export interface CriRuntimeMethods {
   ];
   ExecSync: [{ container_id: string; cmd: string[]; timeout?: number }, { stdout: Buffer; stderr: Buffer; exit_code: number }];
   ContainerStats: [{ container_id: string }, { stats: CriContainerStats | null }];
+  UpdateContainerResources: [{ container_id: string; linux?: CriResources }, Record<string, never>];
   ListContainerStats: [{ filter?: { pod_sandbox_id?: string; id?: string } | null }, { stats: CriContainerStats[] }];
   PodSandboxStats: [
     { pod_sandbox_id: string },
