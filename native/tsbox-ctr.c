@@ -35,6 +35,8 @@
  * Control socket DIR/ctl, one line per request, one line per answer:
  *   "start"          runc start (create mode; again once started: "ok")
  *   "resize W H"     TIOCSWINSZ on the pty master ("ok" without a terminal, as the runc shim)
+ *   "kill N"         signal N to the process (as runc kill without --all, but no runc and no
+ *                    race with its reaping): "ok", or "gone" once it has been reaped
  *   "closeio"        closes the holder's stdin writer: the process sees EOF once every other
  *                    writer has closed too
  *   "wait"           no answer until the process has exited and the exit file is written:
@@ -518,6 +520,15 @@ static void handle_request(struct client *c, char *line) {
     if (master < 0) REPLY("ok");
     struct winsize ws = {.ws_row = (unsigned short)h, .ws_col = (unsigned short)w};
     if (ioctl(master, TIOCSWINSZ, &ws) < 0) REPLY("error resize the terminal: %s", strerror(errno));
+    REPLY("ok");
+  }
+  int sig;
+  char extra;
+  if (sscanf(line, "kill %d%c", &sig, &extra) == 1) {
+    if (sig <= 0 || sig > 64) REPLY("error %d is not a signal number", sig);
+    /* Reaped (or never made): the pid may be another process's now. */
+    if (exited || proc_pid <= 0) REPLY("gone");
+    if (kill(proc_pid, sig) < 0) REPLY("error kill %d: %s", (int)proc_pid, strerror(errno));
     REPLY("ok");
   }
   if (strcmp(line, "closeio") == 0) {

@@ -238,6 +238,19 @@ export class ContainerHolder {
     await this.#request(`resize ${width} ${height}`, signal);
   }
 
+  /**
+   * Signals the process through its holder, which has not reaped it yet (so the pid is still
+   * the process's): NotFound once it has exited.
+   */
+  async kill(signalNumber: number, signal?: CallSignal): Promise<void> {
+    if (!Number.isInteger(signalNumber) || signalNumber <= 0 || signalNumber > 64) {
+      throw new TsboxError('InvalidArgument', `signal ${signalNumber} is not a signal number`);
+    }
+    const said = await controlRequest(this.dir, `kill ${signalNumber}`, { timeoutMs: CONTROL_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) });
+    if (said === undefined || said === 'gone') throw new TsboxError('NotFound', `process ${this.pid} has already finished`);
+    if (!said.startsWith('ok')) throw new TsboxError('FailedPrecondition', `kill: ${said.replace(/^error /, '')}`);
+  }
+
   /** Lets go of the holder's stdin writer: the process sees EOF once CRI's writer closes too. */
   async closeIO(signal?: CallSignal): Promise<void> {
     await this.#request('closeio', signal);

@@ -520,17 +520,14 @@ export class TaskTable {
     }
     const { task, proc } = this.#proc(ns, id, execId);
     if (proc.exit !== undefined) throw new TsboxError('NotFound', `process ${execId || id} has already finished`);
-    if (execId === '') {
+    // Every process of the container, or a frozen one: runc's work (its cgroup, thawing).
+    if (execId === '' && (all || task.paused)) {
       await runc(this.#runc(task.record), ['kill', ...(all ? ['--all'] : []), id, String(signalNumber)], { signal });
       return;
     }
     if (proc.holder === undefined) throw new TsboxError('FailedPrecondition', `process ${execId} has not been started`);
-    try {
-      process.kill(proc.pid, signalNumber);
-    } catch (err) {
-      if (isGone(err)) throw new TsboxError('NotFound', `process ${execId} has already finished`);
-      throw new TsboxError('Internal', `cannot signal process ${execId} (pid ${proc.pid}): ${messageOf(err)}`, { cause: err });
-    }
+    // One process: its holder signals it, which costs no runc and cannot hit a reused pid.
+    await proc.holder.kill(signalNumber, signal);
   }
 
   /**

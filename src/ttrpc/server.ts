@@ -353,6 +353,7 @@ export class TtrpcServer {
     for (const { key, value } of request.metadata) metadata.set(key, [...(metadata.get(key) ?? []), value]);
     if (request.timeoutNano > 0) this.#armDeadline(connection, call, Date.now() + request.timeoutNano / 1e6);
     const rpc = `${request.service}/${request.method}`;
+    const began = this.#log.isLevelEnabled('debug') ? performance.now() : 0;
     const ctx: TtrpcCallContext = { service: request.service, method: request.method, metadata, signal: call.controller.signal };
     let answer: Promise<Status & { payload?: Uint8Array }>;
     try {
@@ -373,6 +374,7 @@ export class TtrpcServer {
         this.#answer(connection, streamId, status, status.payload);
       }
       if (this.#calls === 0) this.#drained?.();
+      if (began > 0) this.#log.debug({ rpc, code: status.code, ms: Math.round((performance.now() - began) * 10) / 10 }, 'ttrpc call');
     });
   }
 
