@@ -33,7 +33,9 @@
  * running holder that no file names with the start time that makes its pid trustworthy.
  *
  * Control socket DIR/ctl, one line per request, one line per answer:
- *   "start"          runc start (create mode; again once started: "ok")
+ *   "start"          runc start (create mode; again once started: "ok"); with --direct-start
+ *                    (no poststart hooks in the bundle) what runc start does, without runc:
+ *                    the exec FIFO opened, read to its end, removed
  *   "resize W H"     TIOCSWINSZ on the pty master ("ok" without a terminal, as the runc shim)
  *   "kill N"         signal N to the process (as runc kill without --all, but no runc and no
  *                    race with its reaping): "ok", or "gone" once it has been reaped
@@ -84,6 +86,8 @@ static int reply_fd = STDOUT_FILENO;
 static const char *runc_bin = "runc";
 static const char *root, *id;
 static int systemd_cgroup = 0;
+/* --direct-start: the bundle has no poststart hooks; start opens runc's exec FIFO itself. */
+static int direct_start = 0;
 static int created = 0;
 static int exec_mode = 0;
 static pid_t proc_pid = 0;
@@ -452,6 +456,84 @@ static int receive_master(int lfd, const char *path) {
 
 /* ---- the running holder ---------------------------------------------------------------- */
 
+static void close_fd(int *fd);
+
+/* True once the process is a zombie or gone: it can no longer open its end of a FIFO. */
+static int process_dead(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  ssize_t n;
+  do n = read(fd, buf, sizeof buf - 1);
+  while (n < 0 && errno == EINTR);
+  if (close(fd) < 0 || n <= 0) return n <= 0;
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')');
+  return paren != NULL && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/*
+ * What `runc start` does to a created container (runc 1.1, libcontainer's exec()), without
+ * running runc: open the container's exec FIFO for reading, which lets its init (blocked
+ * opening the other end) write its byte and go on to exec the process; read until that end
+ * closes at the exec; remove the FIFO, after which runc reports the container running. As runc,
+ * the init is looked at every 100 ms: one that died never opens its end. Only for bundles
+ * without poststart hooks (tsbox decides): runc start runs nothing else. 0, or -1 with `why`.
+ */
+static int open_exec_fifo(char *why, size_t whysize) {
+  char path[4096];
+  if ((size_t)snprintf(path, sizeof path, "%s/%s/exec.fifo", root, id) >= sizeof path) {
+    snprintf(why, whysize, "the exec FIFO's path is too long");
+    return -1;
+  }
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(why, whysize, "open %.300s: %s", path, strerror(errno));
+    return -1;
+  }
+  size_t got = 0;
+  int dead_checks = 0;
+  for (;;) {
+    /* POLLIN once the init wrote; POLLHUP once its end closed (never before it opened it). */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, 100);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      snprintf(why, whysize, "poll %.300s: %s", path, strerror(errno));
+      close_fd(&fd);
+      return -1;
+    }
+    if (r == 0) {
+      if (!process_dead(proc_pid)) continue;
+      /* Dead: whatever it wrote before is still to be read; one more look, then give up. */
+      if (dead_checks++ > 0) break;
+      continue;
+    }
+    char buf[64];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      got += (size_t)n;
+      continue;
+    }
+    if (n == 0) break; /* its end closed: the init has exec'd (or died) */
+    if (errno == EAGAIN || errno == EINTR) continue;
+    snprintf(why, whysize, "read %.300s: %s", path, strerror(errno));
+    close_fd(&fd);
+    return -1;
+  }
+  close_fd(&fd);
+  if (got == 0) {
+    snprintf(why, whysize, "the container's process is already dead");
+    return -1;
+  }
+  if (unlink(path) < 0 && errno != ENOENT) {
+    snprintf(why, whysize, "remove %.300s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 struct client {
   int fd;
   int waiting;
@@ -511,8 +593,12 @@ static void handle_request(struct client *c, char *line) {
     if (exec_mode) REPLY("error an exec'd process is started by its holder");
     if (exited) REPLY("error the container's process has exited");
     if (started) REPLY("ok %d", (int)proc_pid);
-    const char *args[] = {"start", id, NULL};
-    if (runc_ok(args, -1, -1, -1, why, sizeof why) < 0) REPLY("error %s", why);
+    if (direct_start) {
+      if (open_exec_fifo(why, sizeof why) < 0) REPLY("error %s", why);
+    } else {
+      const char *args[] = {"start", id, NULL};
+      if (runc_ok(args, -1, -1, -1, why, sizeof why) < 0) REPLY("error %s", why);
+    }
     started = 1;
     REPLY("ok %d", (int)proc_pid);
   }
@@ -723,6 +809,7 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--terminal") == 0) terminal = 1;
     else if (strcmp(a, "--systemd-cgroup") == 0) systemd_cgroup = 1;
     else if (strcmp(a, "--kill-all") == 0) kill_all = 1;
+    else if (strcmp(a, "--direct-start") == 0) direct_start = 1;
     else if (v == NULL) fail("option %s needs a value", a);
     else if (strcmp(a, "--dir") == 0) dir = v, i++;
     else if (strcmp(a, "--bundle") == 0) bundle = v, i++;
@@ -742,6 +829,7 @@ int main(int argc, char **argv) {
   if (!exec_mode && (bundle == NULL || bundle[0] != '/')) fail("--bundle must be an absolute path");
   if (exec_mode && (process == NULL || process[0] != '/')) fail("--process must be an absolute path");
   if (exec_mode && kill_all) fail("--kill-all is for the container's init, not an exec");
+  if (exec_mode && direct_start) fail("--direct-start is for the container's init, not an exec");
 
   /* The holder outlives tsbox and any terminal; stray signals must not end it. */
   const int ignored[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE};

@@ -76,6 +76,8 @@ export interface CreateOptions extends HolderIo {
   readonly bundle: string;
   /** The container has no pid namespace of its own: see sharesPidNamespace. */
   readonly killAll: boolean;
+  /** The bundle has no poststart hooks: the holder starts the container without runc (see hasPoststartHooks). */
+  readonly directStart?: boolean;
 }
 
 export interface ExecOptions extends HolderIo {
@@ -95,10 +97,25 @@ function ioArgs(io: HolderIo): string[] {
   return args;
 }
 
+/**
+ * True when an OCI config names poststart hooks (or cannot be read as a config): then only
+ * `runc start` may start the container, since newer runc versions may run them there. Without
+ * any, starting is what runc start does alone in runc 1.1: the holder opens runc's exec FIFO.
+ */
+export function hasPoststartHooks(config: unknown): boolean {
+  if (config === null || typeof config !== 'object') return true;
+  const hooks = (config as { hooks?: unknown }).hooks;
+  if (hooks === undefined || hooks === null) return false;
+  if (typeof hooks !== 'object') return true;
+  const poststart = (hooks as { poststart?: unknown }).poststart;
+  return poststart !== undefined && poststart !== null && (!Array.isArray(poststart) || poststart.length > 0);
+}
+
 /** Creates the container (runc create, not started): resolves once it exists, with its holder. */
 export function createContainer(options: CreateOptions): Promise<ContainerHolder> {
   const args = ['create', ...ioArgs(options), '--bundle', options.bundle];
   if (options.killAll) args.push('--kill-all');
+  if (options.directStart === true) args.push('--direct-start');
   return runHolder(options, args, `create container ${options.id}`);
 }
 

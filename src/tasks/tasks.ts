@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
@@ -14,6 +14,7 @@ import {
   execProcess,
   endWorkingHolder,
   findContainerHolder,
+  hasPoststartHooks,
   sharesPidNamespace,
 } from '../runtime/container-holder.js';
 import { SerialQueue } from '../serial-queue.js';
@@ -331,6 +332,8 @@ export class TaskTable {
           signal,
           bundle: request.bundle,
           killAll: sharesPidNamespace(config),
+          // What runc start does is known for runc itself (another runtime's may differ).
+          directStart: !hasPoststartHooks(config) && basename(record.runcPath) === 'runc',
         });
         const t2 = performance.now();
         const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));

@@ -122,6 +122,29 @@ describe('container holder (tsbox-ctr) with runc', () => {
     await waitFor(() => !processAlive(holder.record.holderPid), { what: 'the holder to exit' });
   });
 
+  test('a direct start (no runc start): the process runs, runc then says running, a second start is harmless; a dead init fails it', async () => {
+    const out = fifo('c11-stdout');
+    const output = readFifo(out);
+    const stdin = fifo('c11-stdin');
+    const holder = await createContainer(options('c11', bundle('c11', ['sh', '-c', 'echo started; read line; exit 5']), { stdout: out, stdin, directStart: true }));
+    const state = (): string => (JSON.parse(execFileSync('runc', ['--root', runcRoot, 'state', 'c11'], { encoding: 'utf8' })) as { status: string }).status;
+    assert.equal(state(), 'created');
+    await holder.start();
+    assert.equal(state(), 'running', 'runc sees the container started');
+    await holder.start();
+    const writer = openSync(stdin, 'w');
+    writeSync(writer, 'go\n');
+    closeSync(writer);
+    assert.equal((await holder.waitExit()).status, 5);
+    assert.equal(await output, 'started\n');
+
+    // An init killed before its start: the start fails, naming it, instead of hanging.
+    const doomed = await createContainer(options('c12', bundle('c12', ['sh', '-c', 'exit 0']), { directStart: true }));
+    process.kill(doomed.pid, 'SIGKILL');
+    await assert.rejects(doomed.start(), /already dead|has exited/);
+    await doomed.waitExit();
+  });
+
   test('the holder outlives the Node process that started it; another one finds it and gets the exit', async () => {
     const stdin = fifo('c2-stdin');
     const out = fifo('c2-stdout');

@@ -10,7 +10,7 @@ import { type Server, type Socket, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { ContainerHolder, parseHolderRecord, sharesPidNamespace } from '../../src/runtime/container-holder.js';
+import { ContainerHolder, hasPoststartHooks, parseHolderRecord, sharesPidNamespace } from '../../src/runtime/container-holder.js';
 import { processStartTime } from '../../src/runtime/proc.js';
 
 describe('parseHolderRecord', () => {
@@ -23,6 +23,22 @@ describe('parseHolderRecord', () => {
     for (const text of ['', '5686 1524434 5696\n', '5686 1524434 5696 x\n', '0 1 2 3\n', '-1 1 2 3\n', '5686  1524434 5696 1524438\n', '1 2 3 4\n5\n']) {
       assert.equal(parseHolderRecord(text), undefined, JSON.stringify(text));
     }
+  });
+});
+
+describe('hasPoststartHooks', () => {
+  test('no hooks, or none run at start: the holder may start the container itself', () => {
+    assert.equal(hasPoststartHooks({}), false);
+    assert.equal(hasPoststartHooks({ hooks: {} }), false);
+    assert.equal(hasPoststartHooks({ hooks: { poststart: [] } }), false);
+    assert.equal(hasPoststartHooks({ hooks: { createRuntime: [{ path: '/bin/true' }], poststop: [{ path: '/bin/true' }] } }), false);
+  });
+
+  test('poststart hooks, or a config it cannot read: runc start it is', () => {
+    assert.equal(hasPoststartHooks({ hooks: { poststart: [{ path: '/bin/true' }] } }), true);
+    assert.equal(hasPoststartHooks({ hooks: { poststart: 'x' } }), true);
+    assert.equal(hasPoststartHooks({ hooks: 'x' }), true);
+    assert.equal(hasPoststartHooks(null), true);
   });
 });
 
