@@ -151,22 +151,29 @@ static int write_file_atomic(const char *name, const char *content, int durable)
   return close(dfd);
 }
 
-/* Field 22 of /proc/PID/stat (start time in clock ticks), or 0 on failure with errno set. */
-static unsigned long long start_time(pid_t pid) {
-  char path[64], buf[1024];
+/* /proc/PID/stat into buf (NUL-terminated); 0, or -1 with errno set. */
+static int read_stat(pid_t pid, char *buf, size_t size) {
+  char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return -1;
   ssize_t n;
-  do n = read(fd, buf, sizeof buf - 1);
+  do n = read(fd, buf, size - 1);
   while (n < 0 && errno == EINTR);
   int saved = errno;
-  if (close(fd) < 0 && n >= 0) return 0;
+  if (close(fd) < 0 && n >= 0) return -1;
   if (n < 0) {
     errno = saved;
-    return 0;
+    return -1;
   }
   buf[n] = '\0';
+  return 0;
+}
+
+/* Field 22 of /proc/PID/stat (start time in clock ticks), or 0 on failure with errno set. */
+static unsigned long long start_time(pid_t pid) {
+  char buf[1024];
+  if (read_stat(pid, buf, sizeof buf) < 0) return 0;
   /* The command name (field 2) may contain spaces and ')': fields count from the last ')'. */
   char *p = strrchr(buf, ')');
   if (p == NULL) {
@@ -460,15 +467,9 @@ static void close_fd(int *fd);
 
 /* True once the process is a zombie or gone: it can no longer open its end of a FIFO. */
 static int process_dead(pid_t pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 1;
-  ssize_t n;
-  do n = read(fd, buf, sizeof buf - 1);
-  while (n < 0 && errno == EINTR);
-  if (close(fd) < 0 || n <= 0) return n <= 0;
-  buf[n] = '\0';
+  char buf[1024];
+  /* Gone (ENOENT, ESRCH) is dead; any other failure to look says nothing: not dead yet. */
+  if (read_stat(pid, buf, sizeof buf) < 0) return errno == ENOENT || errno == ESRCH;
   const char *paren = strrchr(buf, ')');
   return paren != NULL && paren[1] == ' ' && paren[2] == 'Z';
 }
