@@ -3,13 +3,12 @@ import { type FSWatcher, watch } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
-import { setTimeout as delay } from 'node:timers/promises';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
 import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
 import { readChildAnswer } from './child-answer.js';
 import { parseExitFile } from './process-backend.js';
-import { isSameProcess, signalGroup } from './proc.js';
+import { isSameProcess, signalGroup, untilGone } from './proc.js';
 
 /**
  * The per-container holder (native/tsbox-ctr.c), seen from tsbox: it runs `runc create` or
@@ -201,13 +200,7 @@ export async function findContainerHolder(dir: string): Promise<FoundHolder> {
 export async function endWorkingHolder(holderPid: number, holderStart: string, timeoutMs: number): Promise<boolean> {
   if (!(await isSameProcess(holderPid, holderStart))) return true;
   signalGroup(holderPid, 'SIGKILL');
-  // Not our child: no event tells its end; /proc is looked at every 20 ms.
-  const until = Date.now() + timeoutMs;
-  while (await isSameProcess(holderPid, holderStart)) {
-    if (Date.now() >= until) return false;
-    await delay(20);
-  }
-  return true;
+  return untilGone(holderPid, holderStart, timeoutMs);
 }
 
 /** Reads `<dir>/exit`; undefined while there is none. A malformed file is an error. */
@@ -260,12 +253,7 @@ export class ContainerHolder {
    * the process's): NotFound once it has exited.
    */
   async kill(signalNumber: number, signal?: CallSignal): Promise<void> {
-    if (!Number.isInteger(signalNumber) || signalNumber <= 0 || signalNumber > 64) {
-      throw new TsboxError('InvalidArgument', `signal ${signalNumber} is not a signal number`);
-    }
-    const said = await controlRequest(this.dir, `kill ${signalNumber}`, { timeoutMs: CONTROL_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) });
-    if (said === undefined || said === 'gone') throw new TsboxError('NotFound', `process ${this.pid} has already finished`);
-    if (!said.startsWith('ok')) throw new TsboxError('FailedPrecondition', `kill: ${said.replace(/^error /, '')}`);
+    await this.#request(`kill ${signalNumber}`, signal);
   }
 
   /** Lets go of the holder's stdin writer: the process sees EOF once CRI's writer closes too. */
@@ -276,6 +264,8 @@ export class ContainerHolder {
   async #request(line: string, signal: CallSignal | undefined): Promise<string> {
     const said = await controlRequest(this.dir, line, { timeoutMs: CONTROL_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) });
     if (said === undefined) throw new TsboxError('NotFound', `process ${this.pid} has exited: its holder no longer listens`);
+    // Only kill answers it: the process is reaped, its pid may be another's.
+    if (said === 'gone') throw new TsboxError('NotFound', `process ${this.pid} has already finished`);
     if (said.startsWith('ok')) return said;
     throw new TsboxError('FailedPrecondition', `${line.split(' ')[0]}: ${said.replace(/^error /, '')}`);
   }

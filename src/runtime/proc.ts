@@ -35,6 +35,20 @@ export async function isSameProcess(pid: number, startTime: string): Promise<boo
   return (await processStartTime(pid)) === startTime;
 }
 
+/**
+ * Waits, at most `timeoutMs`, for the process that started at `startTime` to be gone; false
+ * when it outlived the bound. Not a child of ours: no event tells its end, so /proc is looked
+ * at every 20 ms.
+ */
+export async function untilGone(pid: number, startTime: string, timeoutMs: number): Promise<boolean> {
+  const until = Date.now() + timeoutMs;
+  while (await isSameProcess(pid, startTime)) {
+    if (Date.now() >= until) return false;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return true;
+}
+
 /** Sends `signal` to a process (or, with a negative pid, a group), ignoring one that is gone. */
 export function signalProcess(pid: number, signal: NodeJS.Signals): void {
   try {

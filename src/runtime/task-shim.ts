@@ -4,7 +4,7 @@ import { createConnection } from 'node:net';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { isGone, readIfPresent, withPath } from '../errors.js';
-import { isSameProcess, processStartTime, signalProcess } from './proc.js';
+import { processStartTime, signalProcess, untilGone } from './proc.js';
 
 /**
  * The runtime shim containerd runs for a pod's containers (containerd-shim-runc-v2 for
@@ -121,12 +121,10 @@ export async function stopPodShims(namespace: string, groupId: string, log: Logg
     log.info({ pid: shim.pid, socket: shim.socket }, 'ending the pod\'s runtime shim');
     const signal = (sig: NodeJS.Signals): void => signalProcess(shim.pid, sig);
     signal('SIGTERM');
-    const deadline = Date.now() + graceMs;
-    while (Date.now() < deadline && (await isSameProcess(shim.pid, shim.startTime))) await sleep(20);
-    if (await isSameProcess(shim.pid, shim.startTime)) {
+    if (!(await untilGone(shim.pid, shim.startTime, graceMs))) {
       log.warn({ pid: shim.pid }, 'the pod\'s runtime shim did not end on SIGTERM; killing it');
       signal('SIGKILL');
-      for (let i = 0; i < 250 && (await isSameProcess(shim.pid, shim.startTime)); i++) await sleep(20);
+      await untilGone(shim.pid, shim.startTime, 5_000);
     }
   }
   return shims.length;

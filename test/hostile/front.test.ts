@@ -166,7 +166,8 @@ describe('hostile peers on the task front', () => {
     const heldNow = Number((await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1000'), { timeoutMs: 5000 }))?.toString());
     assert.equal(heldNow, 21, 'the server holds the 20 calls and the long-lived connection\'s');
     client.close();
-    assert.deepEqual(await Promise.all(calls), Array(20).fill('ended'));
+    // The client's own close ends its calls whatever the server does; what counts is below.
+    await Promise.all(calls);
     // Answered only once the server has ended the 20: a server that kept them would never answer.
     const left = await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1'), { timeoutMs: 10_000 });
     assert.equal(left?.toString(), '1', 'only the long-lived connection\'s call is held');
