@@ -85,6 +85,11 @@ export function admitStreams(http2Server: http2.Http2Server, log: Logger): () =>
   http2Server.on('stream', (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, ...rest: unknown[]) => {
     // Streams are only closed from here on; their errors are reported by their 'close'.
     stream.on('error', () => undefined);
+    // node announces a stream a tick after it read its headers; a RST_STREAM read with them
+    // (or the session's end) has destroyed it by then. grpc-js answers a call it has no
+    // method for, or one with the wrong content-type, without looking, and node throws when a
+    // gone stream is answered: so a gone stream goes no further. There is no one to answer.
+    if (stream.destroyed || stream.closed) return;
     if (openStreams >= MAX_OPEN_STREAMS) {
       stream.close(http2.constants.NGHTTP2_REFUSED_STREAM);
       return;

@@ -112,13 +112,13 @@ export function hpackIndexed(index: number): Buffer {
 export const CONTROLLER = '/containerd.services.sandbox.v1.Controller';
 
 /** The request headers of a gRPC call as a literal block (added to the dynamic table when `index`). */
-export function requestBlock(path: string, namespace: string, index = false): Buffer {
+export function requestBlock(path: string, namespace: string, index = false, contentType = 'application/grpc'): Buffer {
   return Buffer.concat([
     hpackIndexed(3), // :method POST
     hpackIndexed(6), // :scheme http
     hpackLiteral(':path', path, index),
     hpackLiteral(':authority', 'localhost', index),
-    hpackLiteral('content-type', 'application/grpc', index),
+    hpackLiteral('content-type', contentType, index),
     hpackLiteral('te', 'trailers', index),
     hpackLiteral('containerd-namespace', namespace, index),
   ]);
