@@ -43,7 +43,13 @@
  *                    writer has closed too
  *   "wait"           no answer until the process has exited and the exit file is written:
  *                    then "exited <status> <seconds> <nanoseconds>". A connection that closes
- *                    without it means the holder died.
+ *                    without it means the holder died. Before it, "oom <count>" each time the
+ *                    OOM watch sees the container's OOM-kill count grow (and at once, when it
+ *                    has grown since the watch began).
+ *   "oom FILE"       watches the container's cgroup for OOM kills while the process runs:
+ *                    FILE is its memory.events (cgroup v2: inotify) or memory.oom_control (v1:
+ *                    an eventfd registered in cgroup.event_control). "ok <count>", the count of
+ *                    OOM kills so far; once watched, the same again answers the same.
  * Answers: "ok", "ok <pid>" or "error <message>".
  *
  * When the process ends: (kill-all,) DIR/exit "<status> <seconds> <nanoseconds>" written
@@ -61,6 +67,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -539,7 +547,7 @@ struct client {
   int fd;
   int waiting;
   size_t len;
-  char buf[128];
+  char buf[4352]; /* a request line with a path in it */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -587,6 +595,117 @@ static void answer(struct client *c, const char *fmt, ...) {
     return; \
   } while (0)
 
+/* ---- the OOM watch --------------------------------------------------------------------- */
+
+static int oom_fd = -1;
+/* v1: the eventfd fires as the cgroup meets its limit, before the kill is counted, and never
+   after: each firing is counted as one. v2: memory.events changes again once the kill is. */
+static int oom_v1 = 0;
+static char oom_file[4096];
+/* The count when the watch began, and now. */
+static long long oom_base = 0, oom_kills = 0;
+
+/* The "oom_kill N" field of a cgroup's memory.events or memory.oom_control; -1 if unreadable. */
+static long long read_oom_kills(const char *file) {
+  char buf[2048];
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n;
+  do n = read(fd, buf, sizeof buf - 1);
+  while (n < 0 && errno == EINTR);
+  int saved = errno;
+  if (close(fd) < 0) { /* read-only: nothing was lost */ }
+  errno = saved;
+  if (n < 0) return -1;
+  buf[n] = '\0';
+  for (const char *at = buf; at != NULL && *at != '\0'; at = strchr(at, '\n'), at = at == NULL ? NULL : at + 1) {
+    if (strncmp(at, "oom_kill ", 9) == 0) return strtoll(at + 9, NULL, 10);
+  }
+  return 0;
+}
+
+/* Starts the watch on FILE (see the protocol); 0, or -1 with why. */
+static int watch_oom(const char *file, char *why, size_t whysize) {
+  const char *base = strrchr(file, '/');
+  if (base == NULL || file[0] != '/' || strlen(file) >= sizeof oom_file) {
+    snprintf(why, whysize, "%.200s is not a cgroup file's absolute path", file);
+    return -1;
+  }
+  int fd = -1;
+  if (strcmp(base + 1, "memory.events") == 0) {
+    fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0) {
+      snprintf(why, whysize, "inotify_init1: %s", strerror(errno));
+      return -1;
+    }
+    if (inotify_add_watch(fd, file, IN_MODIFY) < 0) {
+      snprintf(why, whysize, "watch %.300s: %s", file, strerror(errno));
+      close_fd(&fd);
+      return -1;
+    }
+  } else if (strcmp(base + 1, "memory.oom_control") == 0) {
+    char control[4200], line[64];
+    snprintf(control, sizeof control, "%.*s/cgroup.event_control", (int)(base - file), file);
+    fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+      snprintf(why, whysize, "eventfd: %s", strerror(errno));
+      return -1;
+    }
+    /* The kernel keeps the registration until the eventfd closes or the cgroup goes. */
+    int ofd = open(file, O_RDONLY | O_CLOEXEC);
+    int cfd = ofd < 0 ? -1 : open(control, O_WRONLY | O_CLOEXEC);
+    int n = snprintf(line, sizeof line, "%d %d", fd, ofd);
+    if (ofd < 0 || cfd < 0 || write_all(cfd, line, (size_t)n) < 0) {
+      snprintf(why, whysize, "register for OOM events in %.300s: %s", control, strerror(errno));
+      close_fd(&cfd);
+      close_fd(&ofd);
+      close_fd(&fd);
+      return -1;
+    }
+    int failed = close(cfd) < 0;
+    int saved = errno;
+    close_fd(&ofd);
+    if (failed) {
+      snprintf(why, whysize, "register for OOM events in %.300s: %s", control, strerror(saved));
+      close_fd(&fd);
+      return -1;
+    }
+  } else {
+    snprintf(why, whysize, "%.300s is neither memory.events nor memory.oom_control", file);
+    return -1;
+  }
+  long long kills = read_oom_kills(file);
+  if (kills < 0) {
+    snprintf(why, whysize, "read %.300s: %s", file, strerror(errno));
+    close_fd(&fd);
+    return -1;
+  }
+  strcpy(oom_file, file);
+  oom_base = oom_kills = kills;
+  oom_fd = fd;
+  oom_v1 = strcmp(base + 1, "memory.oom_control") == 0;
+  return 0;
+}
+
+/* The watch fired: drains it and tells the waiting clients when the count grew. */
+static void oom_event(void) {
+  char buf[4096] __attribute__((aligned(8)));
+  long long fired = 0;
+  ssize_t n;
+  while ((n = read(oom_fd, buf, sizeof buf)) > 0) {
+    if (oom_v1 && n == 8) fired += (long long)*(unsigned long long *)buf;
+  }
+  long long kills = read_oom_kills(oom_file);
+  /* Unreadable: the cgroup is going with the container (v1 fires then too); its exit tells. */
+  if (kills < 0) return;
+  if (oom_v1) kills = oom_kills + fired;
+  if (kills <= oom_kills) return;
+  oom_kills = kills;
+  for (int i = 0; i < nclients; i++) {
+    if (clients[i].waiting) answer(&clients[i], "oom %lld", oom_kills);
+  }
+}
+
 static void handle_request(struct client *c, char *line) {
   char why[512];
   unsigned w, h;
@@ -622,7 +741,14 @@ static void handle_request(struct client *c, char *line) {
     close_fd(&stdin_hold);
     REPLY("ok");
   }
+  if (strncmp(line, "oom ", 4) == 0) {
+    if (oom_fd < 0 && watch_oom(line + 4, why, sizeof why) < 0) REPLY("error %s", why);
+    if (strcmp(line + 4, oom_file) != 0) REPLY("error already watching %.300s", oom_file);
+    REPLY("ok %lld", oom_kills);
+  }
   if (strcmp(line, "wait") == 0) {
+    /* A waiter that comes later (a restarted tsbox) hears of the kills since the watch began. */
+    if (oom_kills > oom_base) answer(c, "oom %lld", oom_kills);
     if (exited) REPLY("exited %s", exit_line);
     c->waiting = 1;
     return;
@@ -702,12 +828,13 @@ static long long ms_since(const struct timespec *t) {
 static int serve(int sigfd, int kill_all, const char *notify) {
   struct timespec drain_start = {0, 0};
   for (;;) {
-    struct pollfd p[MAX_CLIENTS + 6];
+    struct pollfd p[MAX_CLIENTS + 7];
     int np = 0;
-    int i_sig = -1, i_ctl = -1, i_master = -1, i_in = -1, i_out = -1;
+    int i_sig = -1, i_ctl = -1, i_master = -1, i_in = -1, i_out = -1, i_oom = -1;
     if (!exited) {
       i_sig = np, p[np++] = (struct pollfd){sigfd, POLLIN, 0};
       i_ctl = np, p[np++] = (struct pollfd){ctl_fd, POLLIN, 0};
+      if (oom_fd >= 0) i_oom = np, p[np++] = (struct pollfd){oom_fd, POLLIN, 0};
     }
     int base = np;
     for (int i = 0; i < nclients; i++) p[np++] = (struct pollfd){clients[i].fd, POLLIN, 0};
@@ -733,6 +860,7 @@ static int serve(int sigfd, int kill_all, const char *notify) {
     for (int i = nclients - 1; i >= 0; i--) {
       if (p[base + i].revents != 0 && !serve_client(&clients[i])) drop_client(i);
     }
+    if (i_oom >= 0 && (p[i_oom].revents & POLLIN)) oom_event();
     if (i_ctl >= 0 && (p[i_ctl].revents & POLLIN)) accept_clients();
     if (i_sig < 0 || !(p[i_sig].revents & POLLIN)) continue;
 
@@ -786,6 +914,7 @@ static int serve(int sigfd, int kill_all, const char *notify) {
       drop_client(i);
     }
     close_fd(&ctl_fd);
+    close_fd(&oom_fd);
     if (unlink(ctl_path) < 0 && errno != ENOENT) { /* the file is left; nothing listens on it */ }
     close_fd(&relay_in);
     if (clock_gettime(CLOCK_MONOTONIC, &drain_start) < 0) drain_start = (struct timespec){0, 0};

@@ -41,6 +41,8 @@ export interface CgroupManager {
    * v1 `memory.oom_control`, field `oom_kill`); undefined when the cgroup or the field is gone.
    */
   oomKills(path: string): Promise<number | undefined>;
+  /** The file whose changes tell an OOM kill (v2 `memory.events`, v1 `memory.oom_control`). */
+  oomFile(path: string): string;
 }
 
 /** The `oom_kill` count of a keyed cgroup file; undefined when the file is gone. */
@@ -359,7 +361,11 @@ export class CgroupV1 implements CgroupManager {
   }
 
   oomKills(path: string): Promise<number | undefined> {
-    return oomKillsIn(join(this.#dir('memory', path), 'memory.oom_control'));
+    return oomKillsIn(this.oomFile(path));
+  }
+
+  oomFile(path: string): string {
+    return join(this.#dir('memory', path), 'memory.oom_control');
   }
 
   async metrics(path: string): Promise<AnyValue> {
@@ -635,7 +641,11 @@ export class CgroupV2 implements CgroupManager {
   }
 
   oomKills(path: string): Promise<number | undefined> {
-    return oomKillsIn(join(this.#dir(path), 'memory.events'));
+    return oomKillsIn(this.oomFile(path));
+  }
+
+  oomFile(path: string): string {
+    return join(this.#dir(path), 'memory.events');
   }
 
   async metrics(path: string): Promise<AnyValue> {

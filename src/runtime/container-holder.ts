@@ -218,6 +218,8 @@ export interface WaitExitOptions {
   readonly onWatchLost?: (err: Error) => void;
   /** fs.watch, or a stand-in. */
   readonly watchDir?: (dir: string, listener: (event: string, name: string | null) => void) => FSWatcher;
+  /** Told the container's OOM-kill count each time it grows, once `watchOom` is on. */
+  readonly onOom?: (kills: number) => void;
 }
 
 /** How long a control request may take (runc start included). */
@@ -254,6 +256,16 @@ export class ContainerHolder {
    */
   async kill(signalNumber: number, signal?: CallSignal): Promise<void> {
     await this.#request(`kill ${signalNumber}`, signal);
+  }
+
+  /**
+   * Has the holder watch the container's cgroup for OOM kills (`file`: its memory.events or
+   * memory.oom_control) while the container runs; each kill reaches `waitExit`'s `onOom`.
+   * Returns the count of OOM kills so far. Asking again (a restarted tsbox) keeps the one watch.
+   */
+  async watchOom(file: string, signal?: CallSignal): Promise<number> {
+    const said = await this.#request(`oom ${file}`, signal);
+    return Number(/^ok (\d+)$/.exec(said)?.[1] ?? 0);
   }
 
   /** Lets go of the holder's stdin writer: the process sees EOF once CRI's writer closes too. */
@@ -323,6 +335,19 @@ export class ContainerHolder {
         const socket = createConnection(join(this.dir, 'ctl'));
         conn = socket;
         socket.on('connect', () => socket.write('wait\n'));
+        // Before the end, the holder says each OOM kill the container's cgroup counts.
+        let said = '';
+        socket.setEncoding('utf8');
+        socket.on('data', (chunk: string) => {
+          said += chunk;
+          for (let nl = said.indexOf('\n'); nl >= 0; nl = said.indexOf('\n')) {
+            const oom = /^oom (\d+)$/.exec(said.slice(0, nl));
+            said = said.slice(nl + 1);
+            if (oom !== null) options.onOom?.(Number(oom[1]));
+          }
+          // Nothing but short lines comes here; a peer that says more is not our holder.
+          if (said.length > 4096) socket.destroy();
+        });
         // Any end of the connection (the holder exited or died, or never listened): look again.
         let ended = false;
         const onEnd = (): void => {

@@ -45,6 +45,7 @@ export function containerCgroups(manager: CgroupManager): ContainerCgroups {
       return undefined;
     },
     oomKills: (cgroup) => manager.oomKills(cgroup),
+    oomFile: (cgroup) => manager.oomFile(cgroup),
     stats: (cgroup) => manager.metrics(cgroup),
   };
 }

@@ -82,6 +82,8 @@ export interface ContainerCgroups {
   locate(pid: number): Promise<string | undefined>;
   /** The kernel's OOM-kill count of the cgroup; undefined when the cgroup is gone. */
   oomKills(cgroup: string): Promise<number | undefined>;
+  /** The file the container's holder watches for OOM kills while the container runs. */
+  oomFile(cgroup: string): string;
   /** cgroups v1 or v2 Metrics of the cgroup, as an Any. */
   stats(cgroup: string): Promise<AnyValue>;
 }
@@ -158,6 +160,8 @@ class Task {
   paused = false;
   /** The container's cgroup, located at Create (the init's /proc entry is gone after its exit). */
   cgroup: string | undefined;
+  /** The OOM-kill count of the container's cgroup that containerd has been told of (TaskOOM). */
+  oomSeen = 0;
 
   constructor(
     readonly record: TaskRecord,
@@ -343,6 +347,7 @@ export class TaskTable {
         if (task.cgroup !== undefined) await writeFile(join(dir, 'cgroup'), task.cgroup, { mode: 0o600 });
         this.#tasks.set(key, task);
         this.#watch(task, task.init);
+        void this.#watchOom(task);
         this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
         const ms = (x: number): number => Math.round(x * 10) / 10;
         this.#log.debug({ id: request.id, mountMs: ms(t1 - t0), runcCreateMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'task created');
@@ -369,12 +374,38 @@ export class TaskTable {
     }
   }
 
+  /**
+   * The container's holder watches its cgroup for OOM kills while it runs, and each one is
+   * published (TaskOOM) as it happens, as the runc shim does: CRI then reports the container
+   * OOMKilled even when the process killed was not its init.
+   */
+  async #watchOom(task: Task): Promise<void> {
+    const holder = task.init.holder;
+    if (holder === undefined || task.cgroup === undefined || this.#opts.cgroups === undefined) return;
+    try {
+      // Asked again by a restarted tsbox, the holder keeps its watch, and the wait tells the
+      // kills since it began: published again, or for the first time if tsbox was away.
+      await holder.watchOom(this.#opts.cgroups.oomFile(task.cgroup));
+    } catch (err) {
+      // Exited meanwhile: its exit tells an OOM kill.
+      if (isTsboxError(err, 'NotFound')) return;
+      this.#log.warn({ err, id: task.record.id }, 'cannot watch a container for OOM kills: only an OOM-killed init is reported, at its exit');
+    }
+  }
+
+  #liveOom(task: Task, kills: number): void {
+    if (this.#closed || kills <= task.oomSeen) return;
+    task.oomSeen = kills;
+    void this.#opts.events.oom(task.record.namespace, task.record.id);
+  }
+
   /** Follows a process's exit: from its holder, then (init) an OOM published first. */
   #watch(task: Task, proc: Proc): void {
     const holder = proc.holder;
     if (holder === undefined) return;
     const onWatchLost = (err: Error): void => this.#log.warn({ err, id: task.record.id, execId: proc.execId }, 'cannot watch for a process\'s exit file; its holder\'s socket tells the exit');
-    holder.waitExit(undefined, { onWatchLost }).then(
+    const onOom = (kills: number): void => this.#liveOom(task, kills);
+    holder.waitExit(undefined, proc.execId === '' ? { onWatchLost, onOom } : { onWatchLost }).then(
       (exit) => this.#reportExit(task, proc, exit),
       (err: unknown) => {
         this.#log.error({ err, id: task.record.id, execId: proc.execId }, 'cannot follow a process\'s exit; reporting status 255');
@@ -401,12 +432,18 @@ export class TaskTable {
     );
   }
 
-  /** An init killed by the OOM killer: TaskOOM reaches containerd before its Wait is answered. */
+  /**
+   * An init killed by the OOM killer: TaskOOM reaches containerd before its Wait is answered,
+   * unless the live watch has told it already.
+   */
   async #reportOom(task: Task, exit: ExitInfo): Promise<void> {
     if (exit.status !== 137 || task.cgroup === undefined) return;
     try {
       const kills = await this.#opts.cgroups?.oomKills(task.cgroup);
-      if (kills !== undefined && kills > 0) await this.#opts.events.oom(task.record.namespace, task.record.id);
+      if (kills !== undefined && kills > 0 && kills > task.oomSeen) {
+        task.oomSeen = kills;
+        await this.#opts.events.oom(task.record.namespace, task.record.id);
+      }
     } catch (err) {
       this.#log.warn({ err, id: task.record.id }, 'cannot tell whether the container was OOM-killed');
     }
@@ -720,6 +757,7 @@ export class TaskTable {
       return;
     }
     if (task.cgroup === undefined && task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
+    if (task.init.holder !== undefined && task.init.exit === undefined) void this.#watchOom(task);
     for (const name of await readdir(dir)) {
       if (!name.startsWith('e-')) continue;
       const execText = await readIfPresent(join(dir, name, 'exec.json'));

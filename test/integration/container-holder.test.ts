@@ -80,7 +80,7 @@ describe('container holder (tsbox-ctr) with runc', () => {
     rootfs = path.join(scratch, 'rootfs');
     for (const d of ['bin', 'proc', 'sys', 'dev', 'tmp']) mkdirSync(path.join(rootfs, d), { recursive: true });
     copyFileSync(busybox, path.join(rootfs, 'bin', 'busybox'));
-    for (const applet of ['sh', 'echo', 'sleep', 'stty', 'cat']) symlinkSync('busybox', path.join(rootfs, 'bin', applet));
+    for (const applet of ['sh', 'echo', 'sleep', 'stty', 'cat', 'dd']) symlinkSync('busybox', path.join(rootfs, 'bin', applet));
   });
 
   after(async () => {
@@ -253,6 +253,54 @@ describe('container holder (tsbox-ctr) with runc', () => {
     // Its SIGKILL was sent before the exit was written; it is gone (or a zombie) once it is delivered.
     await waitFor(async () => (await processStat(background)) === undefined, { what: `background process ${background} to be killed` });
     assert.equal(await pod.exit(), undefined, "the pod's own process is untouched");
+  });
+
+  test('the OOM watch: a process of a running container killed by the OOM killer is told while the container runs', async () => {
+    const stdin = fifo('c13-stdin');
+    const out = fifo('c13-out');
+    const cgroupsPath = `/${CGROUP_PARENT}/c13`;
+    // dd, the shell's child, is past the 16 MiB limit as it starts; the shell goes on.
+    const bundleDir = bundle('c13', ['sh', '-c', 'dd if=/dev/zero of=/dev/null bs=32M count=1; echo "dd ended: $?"; read line; exit 0'], (c) => {
+      const linux = c['linux'] as { cgroupsPath?: string; resources?: Record<string, unknown> };
+      linux.cgroupsPath = cgroupsPath;
+      linux.resources = { ...linux.resources, memory: { limit: 16 * 1024 * 1024 } };
+    });
+    const holder = await createContainer(options('c13', bundleDir, { stdin, stdout: out }));
+    const file = [path.join('/sys/fs/cgroup/memory', cgroupsPath, 'memory.oom_control'), path.join('/sys/fs/cgroup', cgroupsPath, 'memory.events')].find((f) => existsSync(f));
+    assert.ok(file !== undefined, 'the container has a memory cgroup');
+    await assert.rejects(holder.watchOom('/etc/hostname'), /neither memory\.events nor memory\.oom_control/);
+    assert.equal(await holder.watchOom(file), 0, 'no OOM kill yet');
+    assert.equal(await holder.watchOom(file), 0, 'asked again: the same watch');
+    const kills: number[] = [];
+    let told: (() => void) | undefined;
+    const oomTold = new Promise<void>((resolve) => (told = resolve));
+    const exit = holder.waitExit(undefined, {
+      onOom: (count) => {
+        kills.push(count);
+        told?.();
+      },
+    });
+    const output = readFifo(out);
+    await holder.start();
+    await oomTold;
+    assert.deepEqual(kills, [1]);
+    assert.equal(await holder.exit(), undefined, 'the container still runs');
+    // A waiter that comes later (a restarted tsbox) hears of it at once.
+    const late: number[] = [];
+    let lateTold: (() => void) | undefined;
+    const lateDone = new Promise<void>((resolve) => (lateTold = resolve));
+    const lateExit = holder.waitExit(undefined, {
+      onOom: (count) => {
+        late.push(count);
+        lateTold?.();
+      },
+    });
+    await lateDone;
+    assert.deepEqual(late, [1]);
+    writeFifo(stdin, '\n');
+    assert.equal((await exit).status, 0);
+    assert.equal((await lateExit).status, 0);
+    assert.match(await output, /dd ended: 137/);
   });
 
   test('stdin stays open until closeio: the holder keeps a writer while CRI comes and goes', async () => {

@@ -132,3 +132,44 @@ describe('waitExit without an inotify watch', () => {
     }
   });
 });
+
+describe("waitExit: the holder's OOM lines", () => {
+  test('each "oom N" line is told, however the lines are cut; other lines are not', async () => {
+    const h = await fakeHolder();
+    try {
+      const told: number[] = [];
+      const first = h.nextWait();
+      const exit = h.holder.waitExit(undefined, { watchDir: noWatches, onOom: (kills) => told.push(kills) });
+      const conn = await first;
+      for (const piece of ['oo', 'm 1\noom', ' 2\nsomething else\n', 'oom 3', '\n']) {
+        await new Promise<void>((resolve) => conn.write(piece, () => resolve()));
+      }
+      await writeFile(join(h.dir, 'exit'), '0 1700000002 0\n');
+      conn.end();
+      assert.equal((await exit).status, 0);
+      assert.deepEqual(told, [1, 2, 3]);
+    } finally {
+      await h.close();
+    }
+  });
+
+  test('a peer that says more than a line is dropped; the wait goes on on a new connection', async () => {
+    const h = await fakeHolder();
+    try {
+      const told: number[] = [];
+      const first = h.nextWait();
+      const exit = h.holder.waitExit(undefined, { watchDir: noWatches, onOom: (kills) => told.push(kills) });
+      const conn = await first;
+      const again = h.nextWait();
+      conn.write('x'.repeat(8192));
+      const second = await again;
+      second.write('oom 4\n');
+      await writeFile(join(h.dir, 'exit'), '1 1700000003 0\n');
+      second.end();
+      assert.equal((await exit).status, 1);
+      assert.deepEqual(told, [4]);
+    } finally {
+      await h.close();
+    }
+  });
+});
