@@ -92,6 +92,8 @@ export async function startPodEnv(
     tsboxCommand?: SandboxerCommand;
     /** More of containerd's config (TOML tables), e.g. runc options of the handlers. */
     containerdToml?: string;
+    /** Node flags for tsbox's process (before its main script), e.g. heap snapshot flags. */
+    tsboxNodeFlags?: readonly string[];
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason();
@@ -105,7 +107,10 @@ export async function startPodEnv(
       const cmd = base.command(paths);
       const c = containerd;
       if (c === undefined) throw new Error('containerd must run before tsbox is started');
-      const args = cmd.args.map((a, i) => (cmd.args[i - 1] === '--log-level' && options.tsboxLogLevel !== undefined ? options.tsboxLogLevel : a));
+      const args = [
+        ...(options.tsboxNodeFlags ?? []),
+        ...cmd.args.map((a, i) => (cmd.args[i - 1] === '--log-level' && options.tsboxLogLevel !== undefined ? options.tsboxLogLevel : a)),
+      ];
       if (options.tsboxMain !== undefined) return { ...cmd, args };
       // As an operator runs it: containerd's config is the only containerd setting; tsbox takes
       // containerd's root, state and socket (all in the private containerd's dir) from it.
