@@ -11,6 +11,7 @@
  * Usage:
  *   tsbox-ctr create --dir DIR --bundle B --id ID --root R [--stdin P] [--stdout P]
  *                    [--stderr P] [--terminal] [--systemd-cgroup] [--kill-all]
+ *                    [--kill-all-v2 MOUNT | --kill-all-freezer MOUNT] [--direct-start]
  *                    [--runc PATH] [--notify FILE]
  *   tsbox-ctr exec   --dir DIR --id ID --root R --process P.json [--stdin P] [--stdout P]
  *                    [--stderr P] [--terminal] [--systemd-cgroup] [--runc PATH] [--notify FILE]
@@ -19,6 +20,9 @@
  * --kill-all: the container does not have a pid namespace of its own, so when its init ends
  * its other processes are not ended by the kernel: the holder SIGKILLs them all (runc kill
  * --all ID KILL) before it writes the exit. tsbox decides it from the bundle's config.json.
+ * --kill-all-v2 MOUNT / --kill-all-freezer MOUNT: the same, through the container's cgroup
+ * without runc (cgroup.kill on v2; freeze, SIGKILL each, thaw on v1), MOUNT being where that
+ * hierarchy is mounted; runc kill --all still where that cannot be done.
  *
  * Protocol with tsbox, on the holder's stdout (a pipe), one line, then EOF:
  *   "ok <holder-pid> <pid>\n"   the container is created (create) or the process runs (exec)
@@ -59,6 +63,7 @@
  * notify file not.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -706,6 +711,128 @@ static void oom_event(void) {
   }
 }
 
+/* ---- kill-all through the cgroup ------------------------------------------------------ */
+
+/* --kill-all-v2 MOUNT / --kill-all-freezer MOUNT: the container's processes are ended through
+   its cgroup, as runc kill --all does, without running runc: MOUNT is where the cgroup2
+   hierarchy (v2) or the freezer hierarchy (v1) is mounted; the container's path below it is
+   read from its init's /proc/PID/cgroup once runc has made it. */
+static const char *kill_mount = NULL;
+static int kill_v1 = 0;
+static char kill_dir[4096];
+
+/* Reads at most size - 1 bytes of FILE, NUL-terminated; the length, or -1 with errno. */
+static ssize_t read_text(const char *file, char *buf, size_t size) {
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t len = 0;
+  for (;;) {
+    ssize_t n = read(fd, buf + len, size - 1 - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int saved = errno;
+      if (close(fd) < 0) { /* read-only: nothing was lost */ }
+      errno = saved;
+      return -1;
+    }
+    if (n == 0) break;
+    len += (size_t)n;
+    if (len == size - 1) break;
+  }
+  if (close(fd) < 0) { /* read-only: nothing was lost */ }
+  buf[len] = '\0';
+  return (ssize_t)len;
+}
+
+static int write_text(const char *file, const char *text) {
+  int fd = open(file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (write_all(fd, text, strlen(text)) < 0) {
+    int saved = errno;
+    if (close(fd) < 0) { /* the write's error is the one to tell */ }
+    errno = saved;
+    return -1;
+  }
+  return close(fd);
+}
+
+/* Sets kill_dir from PID's /proc/PID/cgroup; left empty (runc does the kill) when not found. */
+static void locate_kill_cgroup(pid_t pid) {
+  char file[64], buf[8192];
+  snprintf(file, sizeof file, "/proc/%d/cgroup", (int)pid);
+  if (read_text(file, buf, sizeof buf) < 0) return;
+  for (char *line = buf; line != NULL && *line != '\0';) {
+    char *next = strchr(line, '\n');
+    if (next != NULL) *next++ = '\0';
+    char *c1 = strchr(line, ':');
+    char *c2 = c1 == NULL ? NULL : strchr(c1 + 1, ':');
+    if (c2 != NULL && c2[1] == '/') {
+      *c2 = '\0';
+      int match = 0;
+      if (!kill_v1) {
+        match = strcmp(line, "0:") == 0;
+      } else {
+        for (char *c = strtok(c1 + 1, ","); c != NULL && !match; c = strtok(NULL, ",")) match = strcmp(c, "freezer") == 0;
+      }
+      if (match) {
+        int n = snprintf(kill_dir, sizeof kill_dir, "%s%s", kill_mount, c2 + 1);
+        /* Not a cgroup there (a wrong mount): runc does the kill. */
+        if (n < 0 || (size_t)n >= sizeof kill_dir || access(kill_dir, F_OK) < 0) kill_dir[0] = '\0';
+        return;
+      }
+    }
+    line = next;
+  }
+}
+
+/* SIGKILL to every process of cgroup DIR and the cgroups below it (depth bounded). */
+static void kill_procs_below(const char *cgdir, int depth) {
+  char file[4200];
+  snprintf(file, sizeof file, "%s/cgroup.procs", cgdir);
+  FILE *f = fopen(file, "re");
+  if (f != NULL) {
+    int pid;
+    while (fscanf(f, "%d", &pid) == 1) {
+      if (pid > 0 && kill(pid, SIGKILL) < 0 && errno != ESRCH) { /* not ours to end: runc's kill would fail the same */ }
+    }
+    if (fclose(f) != 0) { /* read-only: nothing was lost */ }
+  }
+  if (depth == 0) return;
+  DIR *d = opendir(cgdir);
+  if (d == NULL) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+    char sub[4200];
+    int n = snprintf(sub, sizeof sub, "%s/%s", cgdir, e->d_name);
+    if (n > 0 && (size_t)n < sizeof sub) kill_procs_below(sub, depth - 1);
+  }
+  if (closedir(d) < 0) { /* read-only: nothing was lost */ }
+}
+
+/* Ends every process of the container's cgroup: v2 cgroup.kill; v1 freeze, SIGKILL each, thaw
+   (a frozen process dies once thawed). 0 when done or the cgroup is gone already; -1 when
+   runc must do it (no cgroup.kill before Linux 5.14, no freezer). */
+static int kill_cgroup(void) {
+  if (kill_dir[0] == '\0') return -1;
+  char file[4200], state[64];
+  if (!kill_v1) {
+    snprintf(file, sizeof file, "%s/cgroup.kill", kill_dir);
+    if (write_text(file, "1") == 0) return 0;
+    return errno == ENOENT && access(kill_dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
+  }
+  snprintf(file, sizeof file, "%s/freezer.state", kill_dir);
+  if (write_text(file, "FROZEN") < 0) return errno == ENOENT && access(kill_dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
+  /* FREEZING until every task is frozen; one that never is (bounded: 2 s) is killed all the same. */
+  for (int i = 0; i < 2000; i++) {
+    if (read_text(file, state, sizeof state) < 0 || strncmp(state, "FREEZING", 8) != 0) break;
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  kill_procs_below(kill_dir, 8);
+  return write_text(file, "THAWED") < 0 ? -1 : 0;
+}
+
 static void handle_request(struct client *c, char *line) {
   char why[512];
   unsigned w, h;
@@ -890,7 +1017,7 @@ static int serve(int sigfd, int kill_all, const char *notify) {
     while (w < 0 && errno == EINTR);
     if (w == proc_pid && WIFEXITED(status)) code = WEXITSTATUS(status);
     else if (w == proc_pid && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
-    if (kill_all) {
+    if (kill_all && kill_cgroup() < 0) {
       /* No pid namespace of its own: the kernel ends nothing else when the init ends. runc
          ≤ 1.1 signals the cgroup's processes for --all; ≥ 1.2 does so for KILL by itself. */
       char why[512];
@@ -951,6 +1078,8 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--stderr") == 0) err_path = v, i++;
     else if (strcmp(a, "--runc") == 0) runc_bin = v, i++;
     else if (strcmp(a, "--notify") == 0) notify = v, i++;
+    else if (strcmp(a, "--kill-all-v2") == 0) kill_all = 1, kill_mount = v, kill_v1 = 0, i++;
+    else if (strcmp(a, "--kill-all-freezer") == 0) kill_all = 1, kill_mount = v, kill_v1 = 1, i++;
     else fail("unknown option %s", a);
   }
   if (dir == NULL || dir[0] != '/') fail("--dir must be an absolute path");
@@ -959,6 +1088,7 @@ int main(int argc, char **argv) {
   if (!exec_mode && (bundle == NULL || bundle[0] != '/')) fail("--bundle must be an absolute path");
   if (exec_mode && (process == NULL || process[0] != '/')) fail("--process must be an absolute path");
   if (exec_mode && kill_all) fail("--kill-all is for the container's init, not an exec");
+  if (kill_mount != NULL && kill_mount[0] != '/') fail("--kill-all-v2 and --kill-all-freezer take the hierarchy's absolute mount point");
   if (exec_mode && direct_start) fail("--direct-start is for the container's init, not an exec");
 
   /* The holder outlives tsbox and any terminal; stray signals must not end it. */
@@ -1048,6 +1178,7 @@ int main(int argc, char **argv) {
   if (end == pidtext || pid <= 0) fail("%s does not name a process: \"%s\"", pid_path, pidtext);
   proc_pid = (pid_t)pid;
   if (exec_mode) started = 1;
+  if (kill_mount != NULL) locate_kill_cgroup(proc_pid);
   if (terminal) master = receive_master(con_fd, con_path);
 
   unsigned long long self_start = start_time(getpid());

@@ -43,6 +43,11 @@ export interface CgroupManager {
   oomKills(path: string): Promise<number | undefined>;
   /** The file whose changes tell an OOM kill (v2 `memory.events`, v1 `memory.oom_control`). */
   oomFile(path: string): string;
+  /**
+   * The hierarchy a cgroup's processes are ended through, for a process that reads a cgroup's
+   * path from /proc/PID/cgroup: the cgroup2 mount (v2), the freezer's (v1); none without one.
+   */
+  readonly killHierarchy: { readonly version: 1 | 2; readonly mount: string } | undefined;
 }
 
 /** The `oom_kill` count of a keyed cgroup file; undefined when the file is gone. */
@@ -185,7 +190,7 @@ async function killUntilEmpty(cgroup: string, pids: () => Promise<number[]>, bou
 }
 
 /** rmdir of `dir` and everything below it, deepest first; a busy one is retried until the bound. */
-async function removeTree(dir: string, bound: Bound): Promise<void> {
+export async function removeTree(dir: string, bound: Bound): Promise<void> {
   for (const d of await treeOf(dir)) {
     let failure: unknown;
     const removed = await pollUntil(async () => {
@@ -267,6 +272,11 @@ export class CgroupV1 implements CgroupManager {
 
   constructor(hierarchies: ReadonlyMap<string, string>) {
     this.#hierarchies = hierarchies;
+  }
+
+  get killHierarchy(): { version: 1; mount: string } | undefined {
+    const mount = this.#hierarchies.get('freezer');
+    return mount === undefined ? undefined : { version: 1, mount };
   }
 
   #dir(controller: string, path: string): string {
@@ -526,6 +536,10 @@ export class CgroupV2 implements CgroupManager {
 
   constructor(root: string) {
     this.#root = root;
+  }
+
+  get killHierarchy(): { version: 2; mount: string } {
+    return { version: 2, mount: this.#root };
   }
 
   #dir(path: string): string {

@@ -75,6 +75,12 @@ export interface CreateOptions extends HolderIo {
   readonly bundle: string;
   /** The container has no pid namespace of its own: see sharesPidNamespace. */
   readonly killAll: boolean;
+  /**
+   * Where the holder ends those processes itself, through the container's cgroup, rather than
+   * with runc kill --all: the mount point of the cgroup2 hierarchy (version 2) or of the v1
+   * freezer hierarchy (version 1).
+   */
+  readonly killThrough?: { readonly version: 1 | 2; readonly mount: string };
   /** The bundle has no poststart hooks: the holder starts the container without runc (see hasPoststartHooks). */
   readonly directStart?: boolean;
 }
@@ -113,7 +119,11 @@ export function hasPoststartHooks(config: unknown): boolean {
 /** Creates the container (runc create, not started): resolves once it exists, with its holder. */
 export function createContainer(options: CreateOptions): Promise<ContainerHolder> {
   const args = ['create', ...ioArgs(options), '--bundle', options.bundle];
-  if (options.killAll) args.push('--kill-all');
+  if (options.killAll && options.killThrough !== undefined) {
+    args.push(options.killThrough.version === 2 ? '--kill-all-v2' : '--kill-all-freezer', options.killThrough.mount);
+  } else if (options.killAll) {
+    args.push('--kill-all');
+  }
   if (options.directStart === true) args.push('--direct-start');
   return runHolder(options, args, `create container ${options.id}`);
 }

@@ -47,6 +47,8 @@ export function containerCgroups(manager: CgroupManager): ContainerCgroups {
     oomKills: (cgroup) => manager.oomKills(cgroup),
     oomFile: (cgroup) => manager.oomFile(cgroup),
     stats: (cgroup) => manager.metrics(cgroup),
+    kill: (cgroup, bound) => manager.kill(cgroup, bound),
+    killHierarchy: manager.killHierarchy,
   };
 }
 

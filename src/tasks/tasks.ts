@@ -18,6 +18,8 @@ import {
   sharesPidNamespace,
 } from '../runtime/container-holder.js';
 import { SerialQueue } from '../serial-queue.js';
+import { type Bound, boundOf } from '../runtime/bound.js';
+import { deleteStoppedContainer } from './runc-delete.js';
 import { runc, type RuncOptions } from './runc.js';
 
 /**
@@ -86,6 +88,10 @@ export interface ContainerCgroups {
   oomFile(cgroup: string): string;
   /** cgroups v1 or v2 Metrics of the cgroup, as an Any. */
   stats(cgroup: string): Promise<AnyValue>;
+  /** Ends every process of the cgroup (and below it), resolving once none is left. */
+  kill(cgroup: string, bound: Bound): Promise<void>;
+  /** Where a container's holder ends its processes through its cgroup (CgroupManager.killHierarchy). */
+  readonly killHierarchy: { readonly version: 1 | 2; readonly mount: string } | undefined;
 }
 
 export interface TaskTableOptions {
@@ -175,6 +181,12 @@ const HOLDER_END_MS = 10_000;
 
 /** In a process's directory once containerd has its TaskExit. */
 const EXIT_REPORTED = 'exit-reported';
+
+/**
+ * How long a Delete waits for what outlived a container's init to be gone from its cgroup
+ * (runc delete --force waits up to 10 s for its kill).
+ */
+const DELETE_KILL_MS = 10_000;
 
 async function exists(path: string): Promise<boolean> {
   return (await readIfPresent(path)) !== undefined;
@@ -336,6 +348,7 @@ export class TaskTable {
           signal,
           bundle: request.bundle,
           killAll: sharesPidNamespace(config),
+          ...(this.#opts.cgroups?.killHierarchy === undefined ? {} : { killThrough: this.#opts.cgroups.killHierarchy }),
           // What runc start does is known for runc itself (another runtime's may differ).
           directStart: !hasPoststartHooks(config) && basename(record.runcPath) === 'runc',
         });
@@ -586,16 +599,33 @@ export class TaskTable {
         task.execs.delete(execId);
         return { pid: proc.pid, exit };
       }
-      // A created container that never ran: runc delete --force kills its init first.
-      await runc(this.#runc(task.record), ['delete', '--force', id], { signal }).catch((err: unknown) => {
-        if (!isTsboxError(err, 'NotFound')) throw err;
-      });
+      // A container whose init has ended is deleted as runc would, without runc where nothing
+      // needs it; a created container that never ran: runc delete --force kills its init first.
+      const t0 = performance.now();
+      const cgroups = this.#opts.cgroups;
+      const done =
+        proc.exit !== undefined &&
+        (await deleteStoppedContainer({
+          root: this.#runc(task.record).root,
+          id,
+          kill: cgroups === undefined ? undefined : (cgroup, bound) => cgroups.kill(cgroup, bound),
+          bound: boundOf(DELETE_KILL_MS, signal),
+        })) === 'deleted';
+      if (!done) {
+        await runc(this.#runc(task.record), ['delete', '--force', id], { signal }).catch((err: unknown) => {
+          if (!isTsboxError(err, 'NotFound')) throw err;
+        });
+      }
+      const t1 = performance.now();
       const exit = proc.exit ?? (await this.#settledWithin(proc, 10_000)) ?? { status: 255, exitedAt: systemClock(), reason: 'deleted before it exited' };
       // Cleaned up before the task is forgotten: a Delete that fails here leaves the task, and
       // containerd's next Delete does it again.
       const { detached } = await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
       if (detached.length > 0) this.#log.warn({ id, detached }, 'the rootfs was still busy at delete: detached lazily, it goes when its last user does');
+      const t2 = performance.now();
       await rm(task.dir, { recursive: true, force: true });
+      const ms = (x: number): number => Math.round(x * 10) / 10;
+      this.#log.debug({ id, runcDelete: !done, deleteMs: ms(t1 - t0), unmountMs: ms(t2 - t1) }, 'task deleted');
       task.deleted = true;
       this.#tasks.delete(this.#key(ns, id));
       for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });

@@ -128,6 +128,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await assertNothingLeft(id, [c1, c2]);
       assert.deepEqual(holders().filter((h) => h === c1 || h === c2), [], 'no holder left');
       assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'tasks')), [], 'no task record left');
+      assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'runc', CRI_NS)), [], 'runc keeps no state of them');
     }));
 
   test('a container past its memory limit, killed by the OOM killer at once, is reported OOMKilled with code 137', () =>

@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeFileSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { isTsboxError } from '../../src/errors.js';
@@ -19,6 +19,7 @@ import {
   findContainerHolder,
   sharesPidNamespace,
 } from '../../src/runtime/container-holder.js';
+import { detectCgroups } from '../../src/runtime/cgroups.js';
 import { processStat } from '../../src/runtime/proc.js';
 import { repoRoot } from '../support/containerd-clients.js';
 import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
@@ -226,34 +227,54 @@ describe('container holder (tsbox-ctr) with runc', () => {
     assert.equal((await holder.waitExit()).status, 137);
   });
 
-  test("a container in another's pid namespace takes its other processes with it when its init ends", async () => {
-    const pod = await createContainer(options('c5-pod', bundle('c5-pod', ['sleep', '1000'])));
-    await pod.start();
-    const stdin = fifo('c5-stdin');
-    const cgroupsPath = `/${CGROUP_PARENT}/c5`;
-    const bundleDir = bundle('c5', ['sh', '-c', 'sleep 1000 & read line; exit 0'], (c) => {
-      const linux = c['linux'] as { namespaces: { type: string; path?: string }[]; cgroupsPath?: string };
-      linux.namespaces = linux.namespaces.map((ns) => (ns.type === 'pid' ? { type: 'pid', path: `/proc/${pod.pid}/ns/pid` } : ns));
-      linux.cgroupsPath = cgroupsPath;
+  /** runc with `kill` refused: a holder that ends the container's processes must do it without runc. */
+  function runcWithoutKill(): string {
+    const wrapper = path.join(scratch, 'runc-without-kill');
+    writeFileSync(wrapper, '#!/bin/sh\nfor a; do [ "$a" = kill ] && { echo "runc kill refused by the test" >&2; exit 1; }; done\nexec runc "$@"\n', { mode: 0o755 });
+    return wrapper;
+  }
+
+  const killHierarchy = detectCgroups().manager?.killHierarchy;
+  for (const [how, id, extra] of [
+    ['runc kill --all', 'c5', (): Partial<CreateOptions> => ({})],
+    [
+      `through its cgroup, without runc (${killHierarchy?.version === 2 ? 'cgroup.kill' : 'the v1 freezer'})`,
+      'c5n',
+      (): Partial<CreateOptions> => {
+        assert.ok(killHierarchy !== undefined, 'this node has a cgroup hierarchy to kill through');
+        return { killThrough: killHierarchy, runcPath: runcWithoutKill() };
+      },
+    ],
+  ] as const) {
+    test(`a container in another's pid namespace takes its other processes with it when its init ends: ${how}`, async () => {
+      const pod = await createContainer(options(`${id}-pod`, bundle(`${id}-pod`, ['sleep', '1000'])));
+      await pod.start();
+      const stdin = fifo(`${id}-stdin`);
+      const cgroupsPath = `/${CGROUP_PARENT}/${id}`;
+      const bundleDir = bundle(id, ['sh', '-c', 'sleep 1000 & read line; exit 0'], (c) => {
+        const linux = c['linux'] as { namespaces: { type: string; path?: string }[]; cgroupsPath?: string };
+        linux.namespaces = linux.namespaces.map((ns) => (ns.type === 'pid' ? { type: 'pid', path: `/proc/${pod.pid}/ns/pid` } : ns));
+        linux.cgroupsPath = cgroupsPath;
+      });
+      const config = JSON.parse(readFileSync(path.join(bundleDir, 'config.json'), 'utf8')) as unknown;
+      assert.equal(sharesPidNamespace(config), true);
+      const holder = await createContainer(options(id, bundleDir, { stdin, killAll: sharesPidNamespace(config), ...extra() }));
+      await holder.start();
+      const procs = ['pids', 'unified', ''].map((h) => path.join('/sys/fs/cgroup', h, cgroupsPath, 'cgroup.procs')).find((p) => existsSync(p));
+      assert.ok(procs !== undefined, 'the container has a cgroup');
+      // The background sleep is forked by the init's shell: no event says when.
+      const background = await waitFor(
+        () => readFileSync(procs, 'utf8').split('\n').map(Number).find((pid) => pid > 0 && pid !== holder.pid),
+        { what: 'the background process' },
+      );
+      const exit = holder.waitExit();
+      writeFifo(stdin, '\n');
+      assert.equal((await exit).status, 0);
+      // Its SIGKILL was sent before the exit was written; it is gone (or a zombie) once it is delivered.
+      await waitFor(async () => (await processStat(background)) === undefined, { what: `background process ${background} to be killed` });
+      assert.equal(await pod.exit(), undefined, "the pod's own process is untouched");
     });
-    const config = JSON.parse(readFileSync(path.join(bundleDir, 'config.json'), 'utf8')) as unknown;
-    assert.equal(sharesPidNamespace(config), true);
-    const holder = await createContainer(options('c5', bundleDir, { stdin, killAll: sharesPidNamespace(config) }));
-    await holder.start();
-    const procs = ['pids', 'unified', ''].map((h) => path.join('/sys/fs/cgroup', h, cgroupsPath, 'cgroup.procs')).find((p) => existsSync(p));
-    assert.ok(procs !== undefined, 'the container has a cgroup');
-    // The background sleep is forked by the init's shell: no event says when.
-    const background = await waitFor(
-      () => readFileSync(procs, 'utf8').split('\n').map(Number).find((pid) => pid > 0 && pid !== holder.pid),
-      { what: 'the background process' },
-    );
-    const exit = holder.waitExit();
-    writeFifo(stdin, '\n');
-    assert.equal((await exit).status, 0);
-    // Its SIGKILL was sent before the exit was written; it is gone (or a zombie) once it is delivered.
-    await waitFor(async () => (await processStat(background)) === undefined, { what: `background process ${background} to be killed` });
-    assert.equal(await pod.exit(), undefined, "the pod's own process is untouched");
-  });
+  }
 
   test('the OOM watch: a process of a running container killed by the OOM killer is told while the container runs', async () => {
     const stdin = fifo('c13-stdin');
