@@ -2,7 +2,7 @@
  * Where a pod's time goes on the Task API route: N pods with one container, one after the
  * other, through CRI, with tsbox logging at debug; prints each CRI step's p50 beside the p50
  * of what tsbox logged for the container (rootfs mount, runc create through the holder, runc
- * start) and of each Task API call as tsbox's ttrpc server saw it. Information, not a test.
+ * start; at Delete, the container's deletion from runc and the rootfs unmount) and of each Task API call as tsbox's ttrpc server saw it. Information, not a test.
  *
  *   node dist/bench/profile-pods.js [--pods 20] [--handler tsbox-task]
  */
@@ -53,7 +53,7 @@ async function main(): Promise<void> {
       } catch {
         continue; // not a JSON line
       }
-      for (const key of ['mountMs', 'runcCreateMs', 'afterMs', 'runcStartMs', 'durationMs', 'ms']) {
+      for (const key of ['mountMs', 'runcCreateMs', 'afterMs', 'runcStartMs', 'deleteMs', 'unmountMs', 'durationMs', 'ms']) {
         const v = entry[key];
         if (typeof v === 'number') add(`tsbox ${String(entry['msg'])}${typeof entry['rpc'] === 'string' ? ` ${entry['rpc']}` : ''} ${key}`, v);
       }

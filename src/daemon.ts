@@ -5,7 +5,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
 import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
-import { messageOf } from './errors.js';
+import { TsboxError, messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
 import { criPodContainers } from './cri-containers.js';
@@ -189,7 +189,17 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   if (taskServer !== undefined) {
     const { tasks } = taskServer;
     // A sandbox's Shutdown deletes the tasks it left (bounded; never fails the Shutdown).
-    taskApi.removeSandboxTasks = (namespace, sandboxId) => tasks.removeSandboxTasks(namespace, sandboxId, AbortSignal.timeout(30_000));
+    // The bound's timer goes with the call: a timer left armed per Shutdown (AbortSignal.timeout)
+    // would stay in the heap for its 30 s after every pod.
+    taskApi.removeSandboxTasks = async (namespace, sandboxId) => {
+      const bound = new AbortController();
+      const timer = setTimeout(() => bound.abort(new TsboxError('DeadlineExceeded', `the tasks of sandbox ${sandboxId} were not removed within 30 s`)), 30_000);
+      try {
+        await tasks.removeSandboxTasks(namespace, sandboxId, bound.signal);
+      } finally {
+        clearTimeout(timer);
+      }
+    };
   }
   const backend = metrics !== undefined ? instrumentBackend(rawBackend, metrics) : rawBackend;
   // Records: one file per sandbox, written atomically and fsynced before the RPC that

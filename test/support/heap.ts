@@ -2,7 +2,8 @@
  * A census of a Node process's heap, for the tests that check what a daemon keeps: the process
  * runs with `--heapsnapshot-signal=SIGUSR2 --diagnostic-dir=DIR`, SIGUSR2 makes it write a V8
  * heap snapshot there (after a full garbage collection, so only what is still reachable is in
- * it), and the census counts the snapshot's objects by kind: node type and constructor name.
+ * it), and the census counts the objects the program holds by kind: node type and constructor
+ * name.
  */
 import { readFileSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
@@ -18,6 +19,13 @@ export interface HeapCensus {
   readonly kinds: ReadonlyMap<string, { count: number; bytes: number }>;
   /** Self sizes of every counted object. */
   readonly bytes: number;
+  /** The snapshot ids of the objects of each kind (V8 keeps an object's id across snapshots). */
+  readonly ids: ReadonlyMap<string, readonly number[]>;
+  /**
+   * For failure messages: what object `id` is, by its properties and what holds it (the
+   * names of the edges to and from it, a few levels up).
+   */
+  explain(id: number): string;
 }
 
 /**
@@ -29,8 +37,9 @@ const UNCOUNTED = new Set(['code', 'hidden', 'synthetic', 'object shape']);
 const STRING_TYPES = new Set(['string', 'concatenated string', 'sliced string']);
 
 interface Snapshot {
-  snapshot: { meta: { node_fields: string[]; node_types: [string[], ...unknown[]] } };
+  snapshot: { meta: { node_fields: string[]; node_types: [string[], ...unknown[]]; edge_fields: string[]; edge_types: [string[], ...unknown[]] } };
   nodes: number[];
+  edges: number[];
   strings: string[];
 }
 
@@ -41,20 +50,109 @@ export function censusOf(text: string): HeapCensus {
   const types = snap.snapshot.meta.node_types[0];
   const stride = fields.length;
   const [typeAt, nameAt, sizeAt] = ['type', 'name', 'self_size'].map((f) => fields.indexOf(f)) as [number, number, number];
+  const idAt = fields.indexOf('id');
+  const held = heldByProgram(snap);
   const kinds = new Map<string, { count: number; bytes: number }>();
+  const ids = new Map<string, number[]>();
   let bytes = 0;
   for (let i = 0; i < snap.nodes.length; i += stride) {
     const type = types[snap.nodes[i + typeAt] as number] ?? '?';
-    if (UNCOUNTED.has(type)) continue;
+    if (UNCOUNTED.has(type) || held[i / stride] === 0) continue;
     const size = snap.nodes[i + sizeAt] as number;
     const kind = STRING_TYPES.has(type) ? type : `${type}:${snap.strings[snap.nodes[i + nameAt] as number] ?? '?'}`;
     const k = kinds.get(kind) ?? { count: 0, bytes: 0 };
     k.count += 1;
     k.bytes += size;
     kinds.set(kind, k);
+    let list = ids.get(kind);
+    if (list === undefined) ids.set(kind, (list = []));
+    list.push(snap.nodes[i + idAt] as number);
     bytes += size;
   }
-  return { kinds, bytes };
+  return { kinds, bytes, ids, explain: (id) => explainNode(snap, id) };
+}
+
+/**
+ * The objects the program holds: reachable from the snapshot's root by strong edges without
+ * passing through V8's compiled code and its feedback, whose allocation sites keep the first
+ * object made at each site (a bounded set that grows as more code warms up, not with the pods).
+ */
+function heldByProgram(snap: Snapshot): Uint8Array {
+  const fields = snap.snapshot.meta.node_fields;
+  const stride = fields.length;
+  const edgeStride = snap.snapshot.meta.edge_fields.length;
+  const edgeTypes = snap.snapshot.meta.edge_types[0];
+  const types = snap.snapshot.meta.node_types[0];
+  const [typeAt, edgeCountAt] = ['type', 'edge_count'].map((f) => fields.indexOf(f)) as [number, number];
+  const [edgeTypeAt, toAt] = ['type', 'to_node'].map((f) => snap.snapshot.meta.edge_fields.indexOf(f)) as [number, number];
+  const weak = edgeTypes.indexOf('weak');
+  const code = types.indexOf('code');
+  const count = snap.nodes.length / stride;
+  const firstEdge = new Uint32Array(count + 1);
+  for (let n = 0; n < count; n++) firstEdge[n + 1] = (firstEdge[n] as number) + (snap.nodes[n * stride + edgeCountAt] as number) * edgeStride;
+  const held = new Uint8Array(count);
+  const queue = [0];
+  held[0] = 1;
+  while (queue.length > 0) {
+    const n = queue.pop() as number;
+    if (snap.nodes[n * stride + typeAt] === code) continue;
+    for (let e = firstEdge[n] as number; e < (firstEdge[n + 1] as number); e += edgeStride) {
+      if (snap.edges[e + edgeTypeAt] === weak) continue;
+      const to = (snap.edges[e + toAt] as number) / stride;
+      if (held[to] === 0) {
+        held[to] = 1;
+        queue.push(to);
+      }
+    }
+  }
+  return held;
+}
+
+/** Object `id` of a snapshot: its own edges' names, and a chain of what holds it. */
+function explainNode(snap: Snapshot, id: number): string {
+  const fields = snap.snapshot.meta.node_fields;
+  const stride = fields.length;
+  const edgeStride = snap.snapshot.meta.edge_fields.length;
+  const edgeTypes = snap.snapshot.meta.edge_types[0];
+  const [typeAt, nameAt, idAt, edgeCountAt] = ['type', 'name', 'id', 'edge_count'].map((f) => fields.indexOf(f)) as [number, number, number, number];
+  const types = snap.snapshot.meta.node_types[0];
+  // Where each node's edges start, and every edge's source.
+  const firstEdge: number[] = [];
+  const from = new Int32Array(snap.edges.length / edgeStride);
+  for (let n = 0, e = 0; n < snap.nodes.length; n += stride) {
+    firstEdge.push(e);
+    const count = snap.nodes[n + edgeCountAt] as number;
+    for (let k = 0; k < count; k++) from[e / edgeStride + k] = n;
+    e += count * edgeStride;
+  }
+  const label = (n: number): string => `${types[snap.nodes[n + typeAt] as number] ?? '?'} ${String(snap.strings[snap.nodes[n + nameAt] as number] ?? '?').slice(0, 60)}`;
+  const edgeName = (e: number): string => {
+    const type = edgeTypes[snap.edges[e] as number] ?? '?';
+    const nameOrIndex = snap.edges[e + 1] as number;
+    return type === 'element' || type === 'hidden' ? `[${nameOrIndex}]` : String(snap.strings[nameOrIndex] ?? '?');
+  };
+  let node = -1;
+  for (let n = 0; n < snap.nodes.length; n += stride) if (snap.nodes[n + idAt] === id) node = n;
+  if (node < 0) return `@${id}: gone`;
+  const own: string[] = [];
+  const start = firstEdge[node / stride] as number;
+  for (let k = 0; k < Math.min(12, snap.nodes[node + edgeCountAt] as number); k++) own.push(edgeName(start + k * edgeStride));
+  // Up the first retainer that is not a weak or shortcut edge, four levels.
+  const chain: string[] = [];
+  for (let n = node, level = 0; level < 4; level++) {
+    let holder = -1;
+    for (let e = 0; e < snap.edges.length; e += edgeStride) {
+      if (snap.edges[e + 2] !== n) continue;
+      const type = edgeTypes[snap.edges[e] as number];
+      if (type === 'weak' || type === 'shortcut') continue;
+      holder = e;
+      break;
+    }
+    if (holder < 0) break;
+    n = from[holder / edgeStride] as number;
+    chain.push(`${edgeName(holder)} of ${label(n)}`);
+  }
+  return `@${id} ${label(node)} {${own.join(', ')}} held as ${chain.join(' <- ') || 'nothing'}`;
 }
 
 /**
