@@ -10,6 +10,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { createSandboxClients, grpc } from '../support/containerd-clients.js';
+import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
 import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { waitFor } from '../support/tsbox-daemon.js';
@@ -129,6 +130,52 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.deepEqual(holders().filter((h) => h === c1 || h === c2), [], 'no holder left');
       assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'tasks')), [], 'no task record left');
       assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'runc', CRI_NS)), [], 'runc keeps no state of them');
+    }));
+
+  test('exec and attach with a tty, as kubectl does (CRI streaming): the process has a terminal, a resize reaches it, input goes in, exit codes come back', () =>
+    withLogs(async () => {
+      const config = env.podConfig('tty');
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      const c1 = await startContainer(id, config, 'c1', 'exec sleep 100000');
+      // The terminal's size is asked again until the resize has reached it: the resize and
+      // the input take different ways (ResizePty to the holder; stdin through the FIFO).
+      const untilSize = async (stream: CriStream, width: number, height: number): Promise<void> => {
+        stream.resize(width, height);
+        await waitFor(
+          () => {
+            if (new RegExp(`^${height} ${width}\\r?$`, 'm').test(stream.stdout())) return true;
+            stream.write('stty size\n');
+            return false;
+          },
+          { what: `the terminal ${width}x${height}`, intervalMs: 200, describe: () => JSON.stringify(stream.stdout()) },
+        );
+      };
+
+      // Exec with a tty: the shell's terminal is a pty, the exit code comes back.
+      const { url } = await env.cri.call('Exec', { container_id: c1, cmd: ['/bin/sh'], tty: true, stdin: true, stdout: true, stderr: false });
+      const exec = await openCriStream(url);
+      await untilSize(exec, 91, 33);
+      exec.write('tty; exit 3\n');
+      const execEnd = await exec.ended;
+      assert.equal(execEnd.exitCode, 3, `the exec's exit code: ${execEnd.status}`);
+      assert.match(exec.stdout(), /^\/dev\/pts\/\d+\r?$/m, 'the exec\'s stdin and stdout are a terminal');
+
+      // Attach to a container whose process has a tty and stdin: input reaches its shell, the
+      // resize its terminal, and its exit ends the session and the container with its code.
+      const c2 = await startContainer(id, config, 'c2', '', { command: ['/bin/sh'], tty: true, stdin: true });
+      const attach = await openCriStream((await env.cri.call('Attach', { container_id: c2, tty: true, stdin: true, stdout: true, stderr: false })).url);
+      await untilSize(attach, 77, 22);
+      attach.write('echo attached-$((6*7)); exit 5\n');
+      await attach.ended;
+      assert.match(attach.stdout(), /attached-42/);
+      await waitFor(async () => (await containerState(c2)).state === 'CONTAINER_EXITED', { what: 'c2 exited' });
+      assert.equal((await containerState(c2)).exitCode, 5);
+      // CRI logs a tty's output too.
+      const log2 = path.join(config.log_directory ?? '', 'c2.log');
+      await waitFor(() => readFileSync(log2, 'utf8').includes('attached-42'), { what: 'c2\'s log has its output' });
+
+      await removePod(id, [c1, c2]);
+      await assertNothingLeft(id, [c1, c2]);
     }));
 
   test('a container past its memory limit, killed by the OOM killer at once, is reported OOMKilled with code 137', () =>

@@ -228,6 +228,9 @@ export interface CriContainerConfig {
   envs?: { key: string; value: string }[];
   log_path?: string;
   labels?: Record<string, string>;
+  /** A terminal for the container's process; with `stdin`, CRI keeps its stdin open for Attach. */
+  tty?: boolean;
+  stdin?: boolean;
   linux?: {
     resources?: CriResources;
     security_context?: {
@@ -306,6 +309,9 @@ export interface CriRuntimeMethods {
     { containers: { id: string; pod_sandbox_id: string; state: string }[] },
   ];
   ExecSync: [{ container_id: string; cmd: string[]; timeout?: number }, { stdout: Buffer; stderr: Buffer; exit_code: number }];
+  /** The URL of CRI's streaming server for the session (test/support/cri-stream.ts). */
+  Exec: [{ container_id: string; cmd: string[]; tty: boolean; stdin: boolean; stdout: boolean; stderr: boolean }, { url: string }];
+  Attach: [{ container_id: string; tty: boolean; stdin: boolean; stdout: boolean; stderr: boolean }, { url: string }];
   ContainerStats: [{ container_id: string }, { stats: CriContainerStats | null }];
   UpdateContainerResources: [{ container_id: string; linux?: CriResources }, Record<string, never>];
   ListContainerStats: [{ filter?: { pod_sandbox_id?: string; id?: string } | null }, { stats: CriContainerStats[] }];
