@@ -63,7 +63,7 @@ if [ "${1:-}" = --inside ]; then
   exit "$failed"
 fi
 
-# Bound on the whole node tier, boot included: 75 min (on a slow machine it has taken 70).
+# Bound on the whole node tier, boot included: 75 min (on a slow machine it passed 60: the last part was cut there).
 timeout=4500
 parts=()
 while [ $# -gt 0 ]; do

@@ -72,6 +72,17 @@ export function censusOf(text: string): HeapCensus {
   return { kinds, bytes, ids, explain: (id) => explainNode(snap, id) };
 }
 
+/** Where each node's edges start in `edges` (one more entry: the end of the last node's). */
+function firstEdges(snap: Snapshot): Uint32Array {
+  const stride = snap.snapshot.meta.node_fields.length;
+  const edgeCountAt = snap.snapshot.meta.node_fields.indexOf('edge_count');
+  const edgeStride = snap.snapshot.meta.edge_fields.length;
+  const count = snap.nodes.length / stride;
+  const first = new Uint32Array(count + 1);
+  for (let n = 0; n < count; n++) first[n + 1] = (first[n] as number) + (snap.nodes[n * stride + edgeCountAt] as number) * edgeStride;
+  return first;
+}
+
 /**
  * The objects the program holds: reachable from the snapshot's root by strong edges without
  * passing through V8's compiled code and its feedback, whose allocation sites keep the first
@@ -83,13 +94,12 @@ function heldByProgram(snap: Snapshot): Uint8Array {
   const edgeStride = snap.snapshot.meta.edge_fields.length;
   const edgeTypes = snap.snapshot.meta.edge_types[0];
   const types = snap.snapshot.meta.node_types[0];
-  const [typeAt, edgeCountAt] = ['type', 'edge_count'].map((f) => fields.indexOf(f)) as [number, number];
+  const typeAt = fields.indexOf('type');
   const [edgeTypeAt, toAt] = ['type', 'to_node'].map((f) => snap.snapshot.meta.edge_fields.indexOf(f)) as [number, number];
   const weak = edgeTypes.indexOf('weak');
   const code = types.indexOf('code');
   const count = snap.nodes.length / stride;
-  const firstEdge = new Uint32Array(count + 1);
-  for (let n = 0; n < count; n++) firstEdge[n + 1] = (firstEdge[n] as number) + (snap.nodes[n * stride + edgeCountAt] as number) * edgeStride;
+  const firstEdge = firstEdges(snap);
   const held = new Uint8Array(count);
   const queue = [0];
   held[0] = 1;
@@ -116,14 +126,11 @@ function explainNode(snap: Snapshot, id: number): string {
   const edgeTypes = snap.snapshot.meta.edge_types[0];
   const [typeAt, nameAt, idAt, edgeCountAt] = ['type', 'name', 'id', 'edge_count'].map((f) => fields.indexOf(f)) as [number, number, number, number];
   const types = snap.snapshot.meta.node_types[0];
-  // Where each node's edges start, and every edge's source.
-  const firstEdge: number[] = [];
+  // Every edge's source node (its offset in `nodes`).
+  const firstEdge = firstEdges(snap);
   const from = new Int32Array(snap.edges.length / edgeStride);
-  for (let n = 0, e = 0; n < snap.nodes.length; n += stride) {
-    firstEdge.push(e);
-    const count = snap.nodes[n + edgeCountAt] as number;
-    for (let k = 0; k < count; k++) from[e / edgeStride + k] = n;
-    e += count * edgeStride;
+  for (let n = 0; n < firstEdge.length - 1; n++) {
+    for (let e = firstEdge[n] as number; e < (firstEdge[n + 1] as number); e += edgeStride) from[e / edgeStride] = n * stride;
   }
   const label = (n: number): string => `${types[snap.nodes[n + typeAt] as number] ?? '?'} ${String(snap.strings[snap.nodes[n + nameAt] as number] ?? '?').slice(0, 60)}`;
   const edgeName = (e: number): string => {
