@@ -88,7 +88,16 @@ fi
 
 started=$SECONDS
 rc=0
-bash "$here/uml-node.sh" --repo "$repo" --timeout "$timeout" -- bash scripts/test-uml-node.sh --inside "${parts[@]}" || rc=$?
+bash "$here/uml-node.sh" --repo "$repo" --timeout "$timeout" -- bash scripts/test-uml-node.sh --inside "${parts[@]}" &
+node_run=$!
+# Stopped (scripts/test.sh ending, ^C): the node is stopped too, and awaited.
+trap 'kill -TERM "$node_run" 2>/dev/null || true' TERM INT
+while :; do
+  rc=0
+  wait "$node_run" || rc=$?
+  kill -0 "$node_run" 2>/dev/null || break
+done
+trap - TERM INT
 echo "==> node tier: $((SECONDS - started)) s in all, boot and power-off included (exit $rc)"
 if [ -e .tsbox-node-probe ]; then
   echo "test-uml-node: a file written inside the node reached the host: $repo/.tsbox-node-probe" >&2

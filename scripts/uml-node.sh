@@ -18,8 +18,8 @@
 # Inside the node the command runs as root in tsbox-node.service (Delegate=yes) after
 # multi-user.target, with the repository and the whole host file system at their usual paths
 # (writes go to the node's tmpfs), its own /tmp, no network but loopback, and /tsbox-node, a
-# directory shared with the host (it holds the command's output). One node at a time runs
-# on a machine (flock /tmp/tsbox-uml-node.lock). Needs root and scripts/install-uml.sh.
+# directory shared with the host (it holds the command's output). Two nodes at most run at
+# once on a machine (each keeps a core busy). Needs root and scripts/install-uml.sh.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
@@ -52,9 +52,17 @@ uml="$(command -v linux.uml || true)"
 [ -n "$uml" ] || die "linux.uml not found: run scripts/install-uml.sh (as root)"
 [[ "$here$repo" != *[[:space:]]* ]] || die "the repository path must not contain spaces (it goes on the kernel command line)"
 
-exec 9>/tmp/tsbox-uml-node.lock
-if ! flock -n 9; then
-  echo "uml-node: waiting for the node another run has booted (/tmp/tsbox-uml-node.lock)" >&2
+# A node keeps one core busy: at most two run at once on a machine (lock slots
+# /tmp/tsbox-uml-node.lock.1 and .2); a third waits for the first slot.
+slot=""
+for n in 1 2; do
+  exec 9>"/tmp/tsbox-uml-node.lock.$n"
+  if flock -n 9; then slot=$n; break; fi
+  exec 9>&-
+done
+if [ -z "$slot" ]; then
+  echo "uml-node: two nodes already run on this machine; waiting for the first (/tmp/tsbox-uml-node.lock.1)" >&2
+  exec 9>/tmp/tsbox-uml-node.lock.1
   flock 9
 fi
 
