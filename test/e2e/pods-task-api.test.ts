@@ -12,7 +12,7 @@ import { before, describe, test } from 'node:test';
 import { createSandboxClients, grpc } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
+import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
@@ -251,7 +251,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const config = env.podConfig('survivor');
       const id = await runPod(config, TSBOX_TASK_HANDLER);
       const a = await startContainer(id, config, 'a', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
-      const b = await startContainer(id, config, 'b', 'mkfifo /tmp/go && read go < /tmp/go && exit 9');
+      const b = await startContainer(id, config, 'b', `${AWAIT_GO_AHEAD} && exit 9`);
       const pids = { a: (await containerState(a)).pid, b: (await containerState(b)).pid };
       const fronts = frontsNow();
       assert.equal(fronts.length, 1, 'one task front');
@@ -267,7 +267,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
         assert.equal(s.state, 'CONTAINER_RUNNING', `${name} still running for CRI`);
         assert.equal(s.pid, pids[name], `${name}: the same process`);
       }
-      assert.equal((await exec(b, ['/bin/sh', '-c', 'echo go > /tmp/go'])).code, 0);
+      assert.equal((await exec(b, GO_AHEAD)).code, 0);
       await waitFor(async () => (await containerState(b)).state === 'CONTAINER_EXITED', { what: 'b exited after the restarts' });
       assert.equal((await containerState(b)).exitCode, 9, 'b\'s own exit code, not 255');
       await env.cri.call('StopContainer', { container_id: a, timeout: 10 }, { timeoutMs: 60_000 });

@@ -18,7 +18,7 @@ import {
   grpc,
 } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, usePodEnv } from '../support/pod-env.js';
+import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
@@ -191,9 +191,9 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       for (const round of [1, 2, 3]) {
         const config = env.podConfig(`just-exited-${round}`);
         const id = await runPod(config);
-        const c = await startContainer(id, config, 'brief', 'mkfifo /tmp/go && read go < /tmp/go; exit 3');
+        const c = await startContainer(id, config, 'brief', `${AWAIT_GO_AHEAD}; exit 3`);
         const pid = await harness.pidOf('ContainerStatus', c);
-        assert.equal((await exec(c, ['sh', '-c', 'until [ -p /tmp/go ]; do sleep 0.05; done; echo go > /tmp/go'])).code, 0);
+        assert.equal((await exec(c, GO_AHEAD)).code, 0);
         await waitFor(() => !existsSync(`/proc/${pid}`), { what: `round ${round}: the container's process is gone` });
         await env.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 }).catch(async (err: unknown) => {
           if (!/failed to kill container .*ttrpc: closed/.test(String(err))) throw err;
@@ -217,10 +217,10 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
     // It starts when the test says so, through an exec: containerd's runc shim watches a
     // cgroup v2 container's memory.events only from a moment after the container started,
     // and an OOM kill before that moment is one no runtime on that route can report.
-    const c = await startContainer(id, config, 'hog', 'mkfifo /tmp/go && read go < /tmp/go && exec dd if=/dev/zero of=/dev/null bs=32M count=1', {
+    const c = await startContainer(id, config, 'hog', `${AWAIT_GO_AHEAD} && exec dd if=/dev/zero of=/dev/null bs=32M count=1`, {
       linux: { resources: { memory_limit_in_bytes: 16 * 1024 * 1024 } },
     });
-    assert.equal((await exec(c, ['sh', '-c', 'until [ -p /tmp/go ]; do sleep 0.05; done; echo go > /tmp/go'])).code, 0);
+    assert.equal((await exec(c, GO_AHEAD)).code, 0);
     await waitFor(async () => (await containerState(c)).state === 'CONTAINER_EXITED', { what: 'the container over its limit ends' });
     // The shim sends the exit and the OOM event apart, in either order: CRI's status takes
     // the reason from whichever comes, as kubelet sees it on its next look.

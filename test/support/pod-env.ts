@@ -39,6 +39,16 @@ export const TSBOX_TASK_HANDLER = 'tsbox-task';
 /** containerd's own default handler: podsandbox (a pause container) and runc. */
 export const RUNC_HANDLER = 'runc';
 
+/**
+ * A container script's start that waits for an exec's go-ahead (GO_AHEAD), then for that exec's
+ * process to be gone, before going on to end the container: the container's end kills every
+ * process left in it (its pid namespace goes), so an exec still finishing would be killed and
+ * report 137 instead of its own code.
+ */
+export const AWAIT_GO_AHEAD = 'mkfifo /tmp/go && read p < /tmp/go && while [ -e /proc/$p ]; do sleep 0.05; done';
+/** The exec that lets AWAIT_GO_AHEAD go on: it names itself and ends (code 0). */
+export const GO_AHEAD = ['sh', '-c', 'until [ -p /tmp/go ]; do sleep 0.05; done; echo $$ > /tmp/go'];
+
 export interface PodEnv {
   readonly tsbox: SandboxerDaemon;
   readonly containerd: Containerd;
