@@ -12,6 +12,7 @@
  *   tsbox-ctr create --dir DIR --bundle B --id ID --root R [--stdin P] [--stdout P]
  *                    [--stderr P] [--terminal] [--systemd-cgroup] [--kill-all]
  *                    [--kill-all-v2 MOUNT | --kill-all-freezer MOUNT] [--direct-start]
+ *                    [--unmount-rootfs]
  *                    [--runc PATH] [--notify FILE]
  *   tsbox-ctr exec   --dir DIR --id ID --root R --process P.json [--stdin P] [--stdout P]
  *                    [--stderr P] [--terminal] [--systemd-cgroup] [--runc PATH] [--notify FILE]
@@ -23,6 +24,9 @@
  * --kill-all-v2 MOUNT / --kill-all-freezer MOUNT: the same, through the container's cgroup
  * without runc (cgroup.kill on v2; freeze, SIGKILL each, thaw on v1), MOUNT being where that
  * hierarchy is mounted; runc kill --all still where that cannot be done.
+ * --unmount-rootfs: when the init ends (after kill-all, before the exit is written), whatever is
+ * mounted at and below BUNDLE/rootfs is unmounted (plain unmounts only; what stays busy is left
+ * to tsbox's Delete).
  *
  * Protocol with tsbox, on the holder's stdout (a pipe), one line, then EOF:
  *   "ok <holder-pid> <pid>\n"   the container is created (create) or the process runs (exec)
@@ -66,6 +70,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -75,6 +80,7 @@
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -85,6 +91,8 @@
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "unmount-tree.h"
 
 #define MAX_CLIENTS 32
 #define RELAY_BUF 32768
@@ -101,6 +109,9 @@ static const char *root, *id;
 static int systemd_cgroup = 0;
 /* --direct-start: the bundle has no poststart hooks; start opens runc's exec FIFO itself. */
 static int direct_start = 0;
+/* --unmount-rootfs: the bundle's rootfs is unmounted when the init ends (see the exit). */
+static int unmount_rootfs = 0;
+static const char *bundle_dir = NULL;
 static int created = 0;
 static int exec_mode = 0;
 static pid_t proc_pid = 0;
@@ -951,6 +962,16 @@ static long long ms_since(const struct timespec *t) {
   return (now.tv_sec - t->tv_sec) * 1000LL + (now.tv_nsec - t->tv_nsec) / 1000000;
 }
 
+/* The container's rootfs, unmounted as its init ends, so that the Delete that follows finds it
+   done. Only plain unmounts: a mount still busy (a process of the container still dying) is
+   left, and Delete unmounts it, detaching it if it must. Nothing here can fail the exit. */
+static void unmount_bundle_rootfs(void) {
+  char path[PATH_MAX], root[PATH_MAX], why[PATH_MAX + 256];
+  int n = snprintf(path, sizeof path, "%s/rootfs", bundle_dir);
+  if (n < 0 || (size_t)n >= sizeof path || realpath(path, root) == NULL || strcmp(root, "/") == 0) return;
+  if (unmount_tree(root, 0, NULL, why, sizeof why) < 0) { /* Delete does it */ }
+}
+
 /* Serves the control socket and the relay until the process exits; returns its exit code. */
 static int serve(int sigfd, int kill_all, const char *notify) {
   struct timespec drain_start = {0, 0};
@@ -1026,6 +1047,7 @@ static int serve(int sigfd, int kill_all, const char *notify) {
         /* Recorded in runc.log; the exit is written all the same. */
       }
     }
+    if (unmount_rootfs) unmount_bundle_rootfs();
     snprintf(exit_line, sizeof exit_line, "%d %lld %ld", code, (long long)now.tv_sec, now.tv_nsec);
     char content[112];
     snprintf(content, sizeof content, "%s\n", exit_line);
@@ -1067,6 +1089,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--systemd-cgroup") == 0) systemd_cgroup = 1;
     else if (strcmp(a, "--kill-all") == 0) kill_all = 1;
     else if (strcmp(a, "--direct-start") == 0) direct_start = 1;
+    else if (strcmp(a, "--unmount-rootfs") == 0) unmount_rootfs = 1;
     else if (v == NULL) fail("option %s needs a value", a);
     else if (strcmp(a, "--dir") == 0) dir = v, i++;
     else if (strcmp(a, "--bundle") == 0) bundle = v, i++;
@@ -1090,6 +1113,8 @@ int main(int argc, char **argv) {
   if (exec_mode && kill_all) fail("--kill-all is for the container's init, not an exec");
   if (kill_mount != NULL && kill_mount[0] != '/') fail("--kill-all-v2 and --kill-all-freezer take the hierarchy's absolute mount point");
   if (exec_mode && direct_start) fail("--direct-start is for the container's init, not an exec");
+  if (exec_mode && unmount_rootfs) fail("--unmount-rootfs is for the container's init, not an exec");
+  bundle_dir = bundle;
 
   /* The holder outlives tsbox and any terminal; stray signals must not end it. */
   const int ignored[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE};

@@ -9,10 +9,12 @@ import { fileURLToPath } from 'node:url';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 // A file that does not exist is older than any other: it gets built.
 const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
+// Both include native/unmount-tree.h.
+const shared = mtime(join(root, 'native', 'unmount-tree.h'));
 for (const name of ['tsbox-shim', 'tsbox-ctr']) {
   const src = join(root, 'native', `${name}.c`);
   const out = join(root, 'dist', 'bin', name);
-  if (mtime(out) < mtime(src)) {
+  if (mtime(out) < Math.max(mtime(src), shared)) {
     mkdirSync(dirname(out), { recursive: true });
     const cc = process.env.CC ?? 'cc';
     execFileSync(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-o', out, src], { stdio: 'inherit' });

@@ -107,7 +107,7 @@ async function startTasks(config: Config, logger: Logger): Promise<TaskServer> {
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
     runcPath: 'runc',
     createTimeoutMs: config.startTimeoutMs,
-    rootfs: { mount: (mounts, target, signal) => mountRootfs(config.shimPath, mounts, target, signal), unmount: (target, signal) => unmountRootfs(config.shimPath, target, signal) },
+    rootfs: { mount: (mounts, target, signal) => mountRootfs(config.shimPath, mounts, target, signal), unmount: (target, signal) => unmountRootfs(config.shimPath, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),
   }).catch((err: unknown) => {

@@ -83,6 +83,8 @@ export interface CreateOptions extends HolderIo {
   readonly killThrough?: { readonly version: 1 | 2; readonly mount: string };
   /** The bundle has no poststart hooks: the holder starts the container without runc (see hasPoststartHooks). */
   readonly directStart?: boolean;
+  /** The holder unmounts the bundle's rootfs when the init ends (tsbox mounted it). */
+  readonly unmountRootfs?: boolean;
 }
 
 export interface ExecOptions extends HolderIo {
@@ -125,6 +127,7 @@ export function createContainer(options: CreateOptions): Promise<ContainerHolder
     args.push('--kill-all');
   }
   if (options.directStart === true) args.push('--direct-start');
+  if (options.unmountRootfs === true) args.push('--unmount-rootfs');
   return runHolder(options, args, `create container ${options.id}`);
 }
 

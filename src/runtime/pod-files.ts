@@ -1,10 +1,11 @@
 import { execFile } from 'node:child_process';
-import { copyFile, lstat, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { copyFile, lstat, mkdir, rm, writeFile } from 'node:fs/promises';
 import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
 import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../errors.js';
+import { mountPointsAt } from './mountinfo.js';
 
 const run = promisify(execFile);
 
@@ -138,8 +139,5 @@ async function isOurs(dir: string): Promise<boolean> {
 
 /** True when something is mounted at `path` (per this mount namespace's mountinfo). */
 async function isMountPoint(path: string): Promise<boolean> {
-  const info = await readFile('/proc/self/mountinfo', 'utf8');
-  // Field 5 is the mount point, with spaces and such escaped as octal.
-  const escaped = path.replace(/[ \t\n\\]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, '0')}`);
-  return info.split('\n').some((line) => line.split(' ')[4] === escaped);
+  return (await mountPointsAt(path, { below: false })).length > 0;
 }

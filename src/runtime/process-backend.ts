@@ -399,7 +399,7 @@ export class ProcessBackend implements RuntimeBackend {
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
     await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
-    await stopPodShims(spec.namespace, spec.id, log);
+    await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
     await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
     await podFiles?.remove(spec.id);
   }

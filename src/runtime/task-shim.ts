@@ -87,9 +87,12 @@ export interface PodShim {
  * from their own `-address` and the pod's id. A shim of another pod, another namespace or
  * another containerd never matches.
  */
-export async function findPodShims(namespace: string, groupId: string): Promise<PodShim[]> {
+export async function findPodShims(namespace: string, groupId: string, containerdAddress?: string): Promise<PodShim[]> {
   const sockets = await unixSocketInodes();
   if (sockets.size === 0) return [];
+  // Nobody listens where containerd's shim for the pod would: no process to look at (a scan of
+  // every process's command line costs more the more processes the node runs).
+  if (containerdAddress !== undefined && !sockets.has(shimSocketPath(containerdAddress, namespace, groupId))) return [];
   const found: PodShim[] = [];
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
@@ -115,8 +118,9 @@ const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout
  * `graceMs`, and removes a socket file a killed shim left. Signals go only to the process
  * found, checked by its start time.
  */
-export async function stopPodShims(namespace: string, groupId: string, log: Logger, graceMs = 5_000): Promise<number> {
-  const shims = await findPodShims(namespace, groupId);
+export async function stopPodShims(namespace: string, groupId: string, log: Logger, options: { containerdAddress?: string; graceMs?: number } = {}): Promise<number> {
+  const graceMs = options.graceMs ?? 5_000;
+  const shims = await findPodShims(namespace, groupId, options.containerdAddress);
   for (const shim of shims) {
     log.info({ pid: shim.pid, socket: shim.socket }, 'ending the pod\'s runtime shim');
     const signal = (sig: NodeJS.Signals): void => signalProcess(shim.pid, sig);

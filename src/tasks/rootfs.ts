@@ -2,8 +2,9 @@ import { execFile } from 'node:child_process';
 import { realpath } from 'node:fs/promises';
 import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, messageOf, withPath } from '../errors.js';
+import { TsboxError, abortError, isGone, messageOf, withPath } from '../errors.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
+import { mountPointsAt } from '../runtime/mountinfo.js';
 
 /**
  * A task's root file system. containerd hands the task server an empty `<bundle>/rootfs` and the
@@ -144,7 +145,21 @@ async function insideRootfs(root: string, target: string, what: string): Promise
  * or no such directory, is success, so it can be called again. A mount still busy (something
  * outside the task holds a file in it) is detached lazily; its path is in `detached`.
  */
-export async function unmountRootfs(helperPath: string, rootfs: string, signal?: CallSignal): Promise<{ readonly detached: readonly string[] }> {
+export async function unmountRootfs(
+  helperPath: string,
+  rootfs: string,
+  signal?: CallSignal,
+  options: { readonly helperOnlyWhenMounted?: boolean } = {},
+): Promise<{ readonly detached: readonly string[] }> {
+  if (options.helperOnlyWhenMounted === true) {
+    // At a Delete the container's holder has most often unmounted it as the init ended: the
+    // kernel's table says so for less than starting a helper to find nothing.
+    const real = await realpath(rootfs).catch((err: unknown) => {
+      if (isGone(err)) return undefined;
+      throw withPath(err, rootfs, 'resolve the rootfs');
+    });
+    if (real === undefined || (await mountPointsAt(real, { below: true })).length === 0) return { detached: [] };
+  }
   const out = await runHelper(helperPath, ['umount-all', rootfs], `cannot unmount the rootfs ${rootfs}`, signal);
   const detached = out
     .split('\n')

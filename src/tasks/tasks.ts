@@ -351,6 +351,8 @@ export class TaskTable {
           ...(this.#opts.cgroups?.killHierarchy === undefined ? {} : { killThrough: this.#opts.cgroups.killHierarchy }),
           // What runc start does is known for runc itself (another runtime's may differ).
           directStart: !hasPoststartHooks(config) && basename(record.runcPath) === 'runc',
+          // What tsbox mounted goes as the init ends; Delete then finds nothing left to unmount.
+          unmountRootfs: mounted,
         });
         const t2 = performance.now();
         const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));

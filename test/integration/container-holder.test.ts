@@ -276,6 +276,24 @@ describe('container holder (tsbox-ctr) with runc', () => {
     });
   }
 
+  test('a rootfs mounted for the container is unmounted by its holder as the init ends, before the exit is told', async () => {
+    const bundleDir = path.join(scratch, 'c14.bundle');
+    mkdirSync(path.join(bundleDir, 'rootfs'), { recursive: true });
+    // What tsbox does at Create: the rootfs mounted at <bundle>/rootfs (here a bind of the test's).
+    execFileSync('mount', ['--bind', rootfs, path.join(bundleDir, 'rootfs')]);
+    const mounted = (): boolean => readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === path.join(bundleDir, 'rootfs'));
+    try {
+      makeBundle(bundleDir, 'rootfs', ['sh', '-c', 'exit 4']);
+      const holder = await createContainer(options('c14', bundleDir, { unmountRootfs: true }));
+      assert.equal(mounted(), true, 'mounted while the container is created');
+      await holder.start();
+      assert.equal((await holder.waitExit()).status, 4);
+      assert.equal(mounted(), false, 'nothing mounted at the rootfs once the exit is told');
+    } finally {
+      if (mounted()) execFileSync('umount', ['-l', path.join(bundleDir, 'rootfs')]);
+    }
+  });
+
   test('the OOM watch: a process of a running container killed by the OOM killer is told while the container runs', async () => {
     const stdin = fifo('c13-stdin');
     const out = fifo('c13-out');

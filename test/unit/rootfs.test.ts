@@ -159,4 +159,15 @@ describe('mounting with a helper', () => {
     chmodSync(helper, 0o755);
     assert.deepEqual(await unmountRootfs(helper, '/b/rootfs'), { detached: ['/b/rootfs'] });
   });
+
+  test('at a Delete, a rootfs with nothing mounted at or below it (its holder unmounted it) starts no helper; one with a mount does', async () => {
+    const { helper, calls } = fakeHelper('delete', '-');
+    const rootfs = path.join(scratch, 'delete', 'rootfs');
+    assert.deepEqual(await unmountRootfs(helper, rootfs, undefined, { helperOnlyWhenMounted: true }), { detached: [] });
+    assert.deepEqual(await unmountRootfs(helper, path.join(scratch, 'no-such-bundle', 'rootfs'), undefined, { helperOnlyWhenMounted: true }), { detached: [] });
+    assert.deepEqual(calls(), [], 'no helper for nothing mounted');
+    // Something mounted below it, as this process's mount table says: /proc is, below "/".
+    await unmountRootfs(helper, '/', undefined, { helperOnlyWhenMounted: true });
+    assert.deepEqual(calls(), [['umount-all', '/']]);
+  });
 });
