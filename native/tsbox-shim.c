@@ -243,9 +243,10 @@ static void lock_answer(const char *fmt, ...) {
   vsnprintf(line, sizeof line - 1, fmt, ap);
   va_end(ap);
   size_t len = strlen(line);
+  int ok = strcmp(line, "ok") == 0;
   line[len] = '\n';
   if (write_all(STDOUT_FILENO, line, len + 1) < 0) _exit(1); /* the daemon is gone */
-  if (strcmp(line, "ok\n") != 0) _exit(1);
+  if (!ok) _exit(1);
 }
 
 /* The pid a lock file names, or 0 while it names none (its holder has not written it yet). */

@@ -5,12 +5,14 @@
  * (SPEC.md sections 1 and 3-5).
  */
 import assert from 'node:assert/strict';
-import { lstatSync, mkdirSync, readFileSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { cmdlineOf, listPids, uniqueNamespace } from '../support/host.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
-import { type TsboxDaemon, socketAccepts, startTsbox, tsboxMain } from '../support/tsbox-daemon.js';
+import { type TsboxDaemon, socketAccepts, startTsbox, tsboxMain, tsboxShim } from '../support/tsbox-daemon.js';
 import { alive, createAndStart, procExists, waitFor, withLog } from './fixtures.js';
 
 describe('the tsbox daemon and its socket', () => {
@@ -323,4 +325,42 @@ describe('one daemon per state dir', () => {
       await d().start();
       assert.equal(lockHelpers(d().stateDir).length, 1);
     }));
+
+  test('the lock helper keeps the lock from its "ok" until its daemon lets go, every time (200 in a row), and refuses a second taker meanwhile', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'tsbox-lockhelper-'));
+    const lockFile = path.join(dir, 'tsbox.lock');
+    // One helper: its first line, then (once stdin closes) its exit.
+    const take = () => {
+      const child = spawn(tsboxShim, ['lock', lockFile], { stdio: ['pipe', 'pipe', 'pipe'] });
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      const answer = new Promise<string>((resolve) => {
+        let out = '';
+        child.stdout.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
+        child.stdout.once('end', () => resolve(out));
+      });
+      return { child, exited, answer };
+    };
+    try {
+      const held = take();
+      assert.equal(await held.answer, 'ok\n');
+      const other = take();
+      assert.match(await other.answer, /^busy \d+\n$/, 'a second helper is refused while the first holds the lock');
+      assert.equal(await other.exited, 1);
+      held.child.stdin.end();
+      assert.equal(await held.exited, 0);
+      const early: string[] = [];
+      for (let i = 0; i < 200; i++) {
+        const h = take();
+        // stdout ends after "ok" (the helper closes it) while it goes on holding the lock.
+        const said = await h.answer;
+        h.child.stdin.end();
+        const code = await h.exited;
+        // Exit 0 is the helper seeing its stdin close; anything else let go of the lock before.
+        if (said !== 'ok\n' || code !== 0) early.push(`#${i}: said ${JSON.stringify(said)}, exit ${code}`);
+      }
+      assert.deepEqual(early, [], 'helpers that answered ok and then did not hold the lock until released');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });
