@@ -16,7 +16,7 @@ import { LinuxContainerResources } from '../../src/gen/runtime/v1/pod_sandbox_co
 import { createSandboxClients, expectGrpcError } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
 import { type PodEnv, TSBOX_HANDLER, podLeftovers, usePodEnv } from '../support/pod-env.js';
-import { killAndReap } from '../support/processes.js';
+import { killAndReap, waitFor } from '../support/processes.js';
 
 const CRI_NS = 'k8s.io';
 const MiB = 1024 * 1024;
@@ -87,6 +87,17 @@ describe('pods on a cgroup v2 node with systemd', { timeout: 600_000 }, () => {
       // Metrics: the v2 message, with what the files say.
       const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
       try {
+        // The sandbox process alone may have used less CPU than the kernel accounts here (none,
+        // seen on the node): a process that spins in the sandbox's cgroup until its cpu.stat
+        // shows time used gives Metrics something to report, as a pod's own work would.
+        const spinner = spawn('sh', ['-c', 'read go; while :; do :; done'], { stdio: ['pipe', 'ignore', 'ignore'] });
+        const spinnerExit = new Promise((resolve) => spinner.once('exit', resolve));
+        assert.ok(spinner.pid !== undefined, 'the spinner runs');
+        writeFileSync(path.join(dir, 'cgroup.procs'), String(spinner.pid));
+        spinner.stdin.end('go\n');
+        await waitFor(() => (keyed(path.join(dir, 'cpu.stat')).get('usage_usec') ?? 0n) > 0n, { what: 'CPU time used in the sandbox\'s cgroup' });
+        spinner.kill('SIGKILL');
+        await spinnerExit;
         const { metrics } = await direct.controller.call('Metrics', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
         assert.equal(metrics?.data?.type_url, 'io.containerd.cgroups.v2.Metrics');
         const m = CgroupV2Metrics.decode(metrics?.data?.value ?? Buffer.alloc(0));
