@@ -6,17 +6,14 @@ function escapeMountPoint(path: string): string {
 }
 
 /**
- * The mount points at `path` and below it in this mount namespace (escaped as mountinfo has
- * them): reading the kernel's table costs far less than starting a helper to find nothing.
+ * True when something is mounted at `path` (or, with `below`, anywhere under it) in this mount
+ * namespace: reading the kernel's table costs far less than starting a helper to find nothing.
  */
-export async function mountPointsAt(path: string, options: { below: boolean }): Promise<string[]> {
+export async function isMountedAt(path: string, options: { below: boolean }): Promise<boolean> {
   const info = await readFile('/proc/self/mountinfo', 'utf8');
   const escaped = escapeMountPoint(path);
-  const out: string[] = [];
-  for (const line of info.split('\n')) {
+  return info.split('\n').some((line) => {
     const point = line.split(' ')[4];
-    if (point === undefined) continue;
-    if (point === escaped || (options.below && point.startsWith(`${escaped}/`))) out.push(point);
-  }
-  return out;
+    return point !== undefined && (point === escaped || (options.below && point.startsWith(`${escaped}/`)));
+  });
 }

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
 import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../errors.js';
-import { mountPointsAt } from './mountinfo.js';
+import { isMountedAt } from './mountinfo.js';
 
 const run = promisify(execFile);
 
@@ -139,5 +139,5 @@ async function isOurs(dir: string): Promise<boolean> {
 
 /** True when something is mounted at `path` (per this mount namespace's mountinfo). */
 async function isMountPoint(path: string): Promise<boolean> {
-  return (await mountPointsAt(path, { below: false })).length > 0;
+  return isMountedAt(path, { below: false });
 }

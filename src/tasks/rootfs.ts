@@ -4,7 +4,7 @@ import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
 import { TsboxError, abortError, isGone, messageOf, withPath } from '../errors.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
-import { mountPointsAt } from '../runtime/mountinfo.js';
+import { isMountedAt } from '../runtime/mountinfo.js';
 
 /**
  * A task's root file system. containerd hands the task server an empty `<bundle>/rootfs` and the
@@ -158,7 +158,7 @@ export async function unmountRootfs(
       if (isGone(err)) return undefined;
       throw withPath(err, rootfs, 'resolve the rootfs');
     });
-    if (real === undefined || (await mountPointsAt(real, { below: true })).length === 0) return { detached: [] };
+    if (real === undefined || !(await isMountedAt(real, { below: true }))) return { detached: [] };
   }
   const out = await runHelper(helperPath, ['umount-all', rootfs], `cannot unmount the rootfs ${rootfs}`, signal);
   const detached = out
