@@ -53,9 +53,9 @@ async function main(): Promise<void> {
       } catch {
         continue; // not a JSON line
       }
-      for (const key of ['mountMs', 'runcCreateMs', 'afterMs', 'runcStartMs', 'deleteMs', 'unmountMs', 'durationMs', 'ms']) {
-        const v = entry[key];
-        if (typeof v === 'number') add(`tsbox ${String(entry['msg'])}${typeof entry['rpc'] === 'string' ? ` ${entry['rpc']}` : ''} ${key}`, v);
+      // Every duration tsbox logs: a number in a field named ms or ending in Ms.
+      for (const [key, v] of Object.entries(entry)) {
+        if (typeof v === 'number' && (key === 'ms' || key.endsWith('Ms'))) add(`tsbox ${String(entry['msg'])}${typeof entry['rpc'] === 'string' ? ` ${entry['rpc']}` : ''} ${key}`, v);
       }
     }
   } finally {

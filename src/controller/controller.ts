@@ -268,12 +268,15 @@ export class Controller {
       let running: RunningSandbox | undefined;
       try {
         this.#crash('start:before-spawn');
+        const t0 = performance.now();
         running = await this.#backend.start(sandbox.spec, signal);
         this.#crash('start:after-spawn');
+        const t1 = performance.now();
         const startedAt = this.#clock();
         const endpoint = this.#backend.endpoint(sandbox.spec);
         await this.#write(sandbox, { state: 'running', startedAt, pid: running.pid, backend: running.handle, endpoint });
         sandbox.moveTo('started');
+        sandbox.log.debug({ runMs: roundMs(t1 - t0), recordMs: roundMs(performance.now() - t1) }, 'sandbox started');
         this.#crash('start:after-record');
       } catch (err) {
         await this.#undoStart(sandbox, running, err, signal);
@@ -382,16 +385,25 @@ export class Controller {
   async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {
     const sandbox = this.#sandboxes.get(keyOf(namespace, id));
     if (sandbox === undefined) return;
+    const t0 = performance.now();
     const settled = this.#podContainers.settled(namespace, id, signal);
-    await this.#stopSandbox(sandbox, timeoutSeconds, signal);
+    const times = await this.#stopSandbox(sandbox, timeoutSeconds, signal);
+    const t1 = performance.now();
     await settled;
+    sandbox.log.debug({ ...times, criMs: roundMs(performance.now() - t1), totalMs: roundMs(performance.now() - t0) }, 'sandbox stop answered');
   }
 
-  async #stopSandbox(sandbox: Sandbox, timeoutSeconds: number, signal: CallSignal): Promise<void> {
+  /** Stops the sandbox; how long its parts took, for the debug log. */
+  async #stopSandbox(sandbox: Sandbox, timeoutSeconds: number, signal: CallSignal): Promise<Record<string, number>> {
+    const times: Record<string, number> = {};
+    const t0 = performance.now();
     await this.#inTurn(sandbox, async () => {
       if (sandbox.state === 'removed') return;
+      const t1 = performance.now();
+      times['turnMs'] = roundMs(t1 - t0);
       // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).
       await this.#backend.teardown(sandbox.spec, 'stop');
+      times['teardownMs'] = roundMs(performance.now() - t1);
       if (sandbox.state === 'created') {
         await this.#exitUnstarted(sandbox, 'stopped before it was started');
       } else if (sandbox.state === 'running' && sandbox.running === undefined) {
@@ -408,7 +420,11 @@ export class Controller {
         this.#crash('stop:after-kill');
       }
     });
+    const t2 = performance.now();
+    times['signalMs'] = roundMs(t2 - t0) - (times['turnMs'] ?? 0) - (times['teardownMs'] ?? 0);
     if (sandbox.state !== 'removed') await this.#waitExit(sandbox, signal);
+    times['exitMs'] = roundMs(performance.now() - t2);
+    return times;
   }
 
   /**
@@ -545,6 +561,7 @@ export class Controller {
   async #remove(sandbox: Sandbox, signal: CallSignal): Promise<void> {
     const { namespace, id } = sandbox.spec;
     if (sandbox.state === 'removed') return;
+    const t0 = performance.now();
     if (sandbox.state === 'running' && sandbox.running === undefined) {
       await this.#exitUnknown(sandbox, signal);
     } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
@@ -557,13 +574,18 @@ export class Controller {
       await this.#backend.abandon(sandbox.spec, signal);
       await this.#exitUnstarted(sandbox, 'shut down before it was started');
     }
+    const t1 = performance.now();
     await this.#backend.release(sandbox.spec, signal);
+    const t2 = performance.now();
     await this.#backend.teardown(sandbox.spec, 'shutdown');
+    const t3 = performance.now();
     this.#crash('shutdown:before-remove');
     await this.#store.remove(namespace, id);
     this.#crash('shutdown:after-remove');
     sandbox.moveTo('remove');
     this.#sandboxes.delete(keyOf(namespace, id));
+    const t4 = performance.now();
+    sandbox.log.debug({ endMs: roundMs(t1 - t0), releaseMs: roundMs(t2 - t1), teardownMs: roundMs(t3 - t2), forgetMs: roundMs(t4 - t3) }, 'sandbox removed');
   }
 
   /** cgroup statistics of the sandbox. */
@@ -747,3 +769,7 @@ function encodeExtensions(
   return out;
 }
 
+/** A duration in ms to a tenth, for the debug log. */
+function roundMs(ms: number): number {
+  return Math.round(ms * 10) / 10;
+}

@@ -274,11 +274,13 @@ export class ProcessBackend implements RuntimeBackend {
 
     let child: ChildProcess | undefined;
     let reply: { shimPid: number; pid: number };
+    let [t0, t1, t2] = [0, 0, 0];
     const limits = pod === undefined ? undefined : sandboxLimits(pod);
     try {
       if (pod !== undefined && podFiles === undefined) throw new TsboxError('FailedPrecondition', 'pod files need root: tsbox cannot make them here');
       if (cgroups === undefined && limits !== undefined) throw new TsboxError('FailedPrecondition', 'the pod sets resource limits, but tsbox has no cgroups here');
       // The pod's files and its cgroup side by side; both settle before a failure is cleaned up.
+      t0 = performance.now();
       const [files, dirs] = await allOrFirstError([
         pod === undefined || podFiles === undefined ? Promise.resolve<{ readonly shm?: string }>({}) : podFiles.create(spec.id, pod),
         cgroups === undefined || slice !== undefined
@@ -291,6 +293,7 @@ export class ProcessBackend implements RuntimeBackend {
       for (const cgroup of dirs) args.splice(args.indexOf('--log'), 0, '--cgroup', cgroup);
       // In a slice, the supervisor waits until systemd has put it in the sandbox's scope.
       if (slice !== undefined) args.unshift('--hold');
+      t1 = performance.now();
       child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
       const replied = readReply(child, this.#opts.startTimeoutMs, signal);
       if (slice !== undefined) {
@@ -300,6 +303,7 @@ export class ProcessBackend implements RuntimeBackend {
         });
       }
       reply = await replied;
+      t2 = performance.now();
       if (pod !== undefined) await this.#setOomScoreAdj(reply.pid, limits?.oomScoreAdj ?? SANDBOX_OOM_SCORE_ADJ);
     } catch (err) {
       // Whatever the attempt started goes, within the kill bound (also when the call's own
@@ -328,6 +332,8 @@ export class ProcessBackend implements RuntimeBackend {
     // read it, also when the sandbox ended before its start time could be read.
     child.once('exit', () => void this.#collect(watched));
     if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
+    const ms = (x: number): number => Math.round(x * 10) / 10;
+    this.#log.debug({ ns: spec.namespace, id: spec.id, podFilesMs: ms(t1 - t0), supervisorMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'sandbox process running');
     return watched;
   }
 

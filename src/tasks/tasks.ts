@@ -292,6 +292,7 @@ export class TaskTable {
     checkId('task id', request.id);
     const key = this.#key(ns, request.id);
     return this.#queue.run(key, async () => {
+      const tPrep = performance.now();
       const existing = this.#tasks.get(key);
       if (existing !== undefined && !existing.deleted) {
         if (existing.record.bundle === request.bundle) return existing.init.pid;
@@ -365,7 +366,7 @@ export class TaskTable {
         void this.#watchOom(task);
         this.#opts.events.created(ns, { id: request.id, bundle: request.bundle, pid: holder.pid });
         const ms = (x: number): number => Math.round(x * 10) / 10;
-        this.#log.debug({ id: request.id, mountMs: ms(t1 - t0), runcCreateMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'task created');
+        this.#log.debug({ id: request.id, prepareMs: ms(t0 - tPrep), mountMs: ms(t1 - t0), runcCreateMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'task created');
         return holder.pid;
       } catch (err) {
         // runc may have made the container although its holder did not answer in time (or the
