@@ -69,6 +69,16 @@
  *                             reaches end of file, which the kernel makes happen when the
  *                             daemon exits however it ends; SIGHUP, SIGINT and SIGTERM are
  *                             ignored so the lock lasts exactly as long as the daemon.
+ *   tsbox-shim serve          the modes umount, umount-all and mount kept running for tsbox,
+ *                             so that each costs a fork of this small process, not a start of
+ *                             a new one from tsbox. Requests on stdin, one at a time: "<argc>\n"
+ *                             then argc arguments (the mode first), each ended by a NUL byte.
+ *                             Each runs in a child of its own, whose stdout and stderr are
+ *                             collected; the answer on stdout is "<status> <out-bytes>
+ *                             <err-bytes>\n" and then those bytes, <status> being the child's
+ *                             exit status (128+N when signal N ended it). Exit 0 at end of
+ *                             file on stdin; a request that is not one: its reason on stderr,
+ *                             exit 2.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -81,6 +91,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -511,7 +522,136 @@ static int umount_all_mode(const char *path) {
   return 1;
 }
 
+static int helper_mode(int argc, char **argv);
+
+/* The most a request may carry (an overlay's options name every layer), and keep of an answer. */
+#define SERVE_MAX_ARGS 4096
+#define SERVE_MAX_BYTES (4 << 20)
+
+/* Appends what is readable on fd to *buf (at most `max` bytes kept); 0 at end of file. */
+static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t max) {
+  char chunk[16384];
+  ssize_t n = read(fd, chunk, sizeof chunk);
+  if (n <= 0) return n;
+  size_t keep = *len + (size_t)n > max ? max - *len : (size_t)n;
+  if (*len + keep > *cap) {
+    size_t next = *cap == 0 ? 4096 : *cap;
+    while (next < *len + keep) next *= 2;
+    char *grown = realloc(*buf, next);
+    if (grown == NULL) return -1;
+    *buf = grown, *cap = next;
+  }
+  memcpy(*buf + *len, chunk, keep);
+  *len += keep;
+  return n;
+}
+
+/* Runs one request in a child and writes its answer; -1 when the answer cannot be given. */
+static int serve_one(char **args, int nargs) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) < 0) return fprintf(stderr, "serve: pipe: %s\n", strerror(errno)), -1;
+  if (pipe2(err, O_CLOEXEC) < 0) return fprintf(stderr, "serve: pipe: %s\n", strerror(errno)), -1;
+  pid_t pid = fork();
+  if (pid < 0) return fprintf(stderr, "serve: fork: %s\n", strerror(errno)), -1;
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) _exit(125);
+    char *argv[SERVE_MAX_ARGS + 2];
+    argv[0] = "tsbox-shim";
+    for (int i = 0; i < nargs; i++) argv[i + 1] = args[i];
+    argv[nargs + 1] = NULL;
+    int rc = helper_mode(nargs + 1, argv);
+    if (fflush(stdout) != 0 || fflush(stderr) != 0) _exit(125);
+    _exit(rc);
+  }
+  if (close(out[1]) < 0 || close(err[1]) < 0) return fprintf(stderr, "serve: close: %s\n", strerror(errno)), -1;
+  char *text[2] = {NULL, NULL};
+  size_t len[2] = {0, 0}, cap[2] = {0, 0};
+  struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2, failed = 0;
+  while (open_fds > 0 && !failed) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "serve: poll: %s\n", strerror(errno));
+      failed = 1;
+      break;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      ssize_t n = serve_drain(fds[i].fd, &text[i], &len[i], &cap[i], SERVE_MAX_BYTES);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fprintf(stderr, "serve: read: %s\n", strerror(errno)), failed = 1;
+      if (n <= 0) {
+        if (close(fds[i].fd) < 0) fprintf(stderr, "serve: close: %s\n", strerror(errno)), failed = 1;
+        fds[i].fd = -1, open_fds--;
+      }
+    }
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return fprintf(stderr, "serve: waitpid %d: %s\n", (int)pid, strerror(errno)), -1;
+  }
+  if (failed) return -1;
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  char head[64];
+  int hlen = snprintf(head, sizeof head, "%d %zu %zu\n", code, len[0], len[1]);
+  int rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || (len[0] > 0 && write_all(STDOUT_FILENO, text[0], len[0]) < 0) ||
+                   (len[1] > 0 && write_all(STDOUT_FILENO, text[1], len[1]) < 0)
+               ? -1
+               : 0;
+  if (rc < 0) fprintf(stderr, "serve: write the answer: %s\n", strerror(errno));
+  free(text[0]);
+  free(text[1]);
+  return rc;
+}
+
+static int serve_mode(void) {
+  /* tsbox gone: its end of stdout is closed, and a write fails with EPIPE rather than killing. */
+  if (set_signals((const int[]){SIGPIPE, 0}, SIG_IGN) < 0) return fprintf(stderr, "serve: signal: %s\n", strerror(errno)), 1;
+  char *line = NULL, *args[SERVE_MAX_ARGS];
+  size_t line_cap = 0;
+  for (;;) {
+    errno = 0;
+    ssize_t n = getline(&line, &line_cap, stdin);
+    if (n < 0) {
+      if (errno != 0) return fprintf(stderr, "serve: read a request: %s\n", strerror(errno)), 1;
+      return 0; /* end of file: tsbox is done with it */
+    }
+    char *end;
+    long nargs = strtol(line, &end, 10);
+    if (end == line || *end != '\n' || nargs < 1 || nargs > SERVE_MAX_ARGS) {
+      fprintf(stderr, "serve: a request must begin with its argument count (1 to %d) and a newline\n", SERVE_MAX_ARGS);
+      return 2;
+    }
+    size_t total = 0;
+    for (long i = 0; i < nargs; i++) {
+      size_t cap = 0;
+      args[i] = NULL;
+      errno = 0;
+      ssize_t got = getdelim(&args[i], &cap, '\0', stdin);
+      if (got <= 0 || args[i][got - 1] != '\0' || (total += (size_t)got) > SERVE_MAX_BYTES) {
+        fprintf(stderr, "serve: argument %ld of %ld: %s\n", i + 1, nargs, errno != 0 ? strerror(errno) : got > 0 ? "the request is too large" : "missing (end of file)");
+        return 2;
+      }
+    }
+    int known = strcmp(args[0], "mount") == 0 || strcmp(args[0], "umount") == 0 || strcmp(args[0], "umount-all") == 0;
+    int rc;
+    if (known) {
+      rc = serve_one(args, (int)nargs);
+    } else {
+      char said[256];
+      int slen = snprintf(said, sizeof said, "serve: %.64s is not a mode it runs (mount, umount, umount-all)\n", args[0]);
+      char head[64];
+      int hlen = snprintf(head, sizeof head, "2 0 %d\n", slen);
+      rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || write_all(STDOUT_FILENO, said, (size_t)slen) < 0 ? -1 : 0;
+    }
+    for (long i = 0; i < nargs; i++) free(args[i]);
+    if (rc < 0) return 1;
+  }
+}
+
 static int helper_mode(int argc, char **argv) {
+  if (strcmp(argv[1], "serve") == 0 && argc == 2) return serve_mode();
   if (strcmp(argv[1], "umount") == 0 && argc == 3) {
     if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
       fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
@@ -522,7 +662,7 @@ static int helper_mode(int argc, char **argv) {
   if (strcmp(argv[1], "lock") == 0 && argc == 3) return lock_mode(argv[2]);
   if (strcmp(argv[1], "mount") == 0 && argc >= 5) return mount_mode(argc, argv);
   if (strcmp(argv[1], "umount-all") == 0 && argc == 3) return umount_all_mode(argv[2]);
-  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim umount-all PATH | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH\n");
+  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim umount-all PATH | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH | tsbox-shim serve\n");
   return 2;
 }
 

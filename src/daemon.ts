@@ -24,6 +24,7 @@ import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
+import { type Helper, HelperService } from './runtime/helper-service.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './task-events.js';
 
@@ -35,7 +36,7 @@ export interface Daemon {
 
 type TaskApi = NonNullable<ConstructorParameters<typeof ProcessBackend>[0]['taskApi']>;
 
-async function createBackend(config: Config, logger: Logger, taskApi: TaskApi): Promise<RuntimeBackend> {
+async function createBackend(config: Config, logger: Logger, taskApi: TaskApi, helper: Helper): Promise<RuntimeBackend> {
   if (config.backend === 'noop') {
     logger.warn('backend "noop": sandboxes run no process (for benchmarks only)');
     return new NoopBackend();
@@ -51,7 +52,7 @@ async function createBackend(config: Config, logger: Logger, taskApi: TaskApi): 
     cgroups: manager,
     cgroupParent: config.cgroupParent,
     systemd: systemdIsInit() ? new SystemdScopes(() => connectSystemd(systemdLog), systemdLog) : undefined,
-    podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), config.shimPath) : undefined,
+    podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), helper) : undefined,
     containerdAddress: config.containerdAddress,
     taskApi,
     startTimeoutMs: config.startTimeoutMs,
@@ -96,7 +97,7 @@ function checkContainerShims(config: Config, logger: Logger): void {
 }
 
 /** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
-async function startTasks(config: Config, logger: Logger): Promise<TaskServer> {
+async function startTasks(config: Config, logger: Logger, helper: Helper): Promise<TaskServer> {
   const log = logger.child({ component: 'tasks' });
   const { manager } = detectCgroups();
   const events = containerdTaskEvents(config.containerdAddress, log);
@@ -107,7 +108,7 @@ async function startTasks(config: Config, logger: Logger): Promise<TaskServer> {
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
     runcPath: 'runc',
     createTimeoutMs: config.startTimeoutMs,
-    rootfs: { mount: (mounts, target, signal) => mountRootfs(config.shimPath, mounts, target, signal), unmount: (target, signal) => unmountRootfs(config.shimPath, target, signal, { helperOnlyWhenMounted: true }) },
+    rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),
   }).catch((err: unknown) => {
@@ -180,11 +181,13 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   let metricsServer: MetricsServer | undefined;
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
   const taskApi: TaskApi = { address: config.taskSocket, handlers: config.taskApiHandlers };
-  const rawBackend = await createBackend(config, logger, taskApi);
+  // mount(2) and umount(2) for pods and tasks, without a process started from tsbox for each.
+  const helper = new HelperService(config.shimPath, logger.child({ component: 'mount-helper' }));
+  const rawBackend = await createBackend(config, logger, taskApi, helper);
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // listening before containerd may look for it.
   const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir)))
-    ? await startTasks(config, logger)
+    ? await startTasks(config, logger, helper)
     : undefined;
   if (taskServer !== undefined) {
     const { tasks } = taskServer;
@@ -231,6 +234,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   } catch (err) {
     await taskServer?.close(0);
     controller.close();
+    helper.close();
     podContainers.close();
     await store.close();
     await metricsServer?.close();
@@ -245,6 +249,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
       await server.close(config.shutdownDrainMs);
       await taskServer?.close(config.shutdownDrainMs);
       controller.close();
+      helper.close();
       podContainers.close();
       await store.close();
       await metricsServer?.close();

@@ -1,13 +1,10 @@
-import { execFile } from 'node:child_process';
 import { copyFile, lstat, mkdir, rm, writeFile } from 'node:fs/promises';
 import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import type { PodSpec } from '../controller/pod-spec.js';
 import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../errors.js';
+import { type Helper, runHelper } from './helper-service.js';
 import { isMountedAt } from './mountinfo.js';
-
-const run = promisify(execFile);
 
 /** podsandbox's /dev/shm size for a pod with its own IPC namespace (64 MiB). */
 export const POD_SHM_BYTES = 64 * 1024 * 1024;
@@ -36,10 +33,10 @@ const MARK = '.tsbox';
  */
 export class PodFiles {
   readonly #dirs: CriDirs;
-  readonly #helper: string;
+  readonly #helper: Helper;
 
-  /** `helper` is the supervisor binary, whose umount mode takes /dev/shm down at Stop. */
-  constructor(dirs: CriDirs, helper: string) {
+  /** `helper` runs the supervisor binary's umount mode, which takes /dev/shm down at Stop. */
+  constructor(dirs: CriDirs, helper: Helper) {
     this.#dirs = dirs;
     this.#helper = helper;
   }
@@ -116,12 +113,7 @@ export class PodFiles {
   }
 
   async #mountHelper(args: string[]): Promise<void> {
-    try {
-      await run(this.#helper, args, { timeout: 10_000 });
-    } catch (err) {
-      const stderr = (err as { stderr?: string }).stderr?.trim();
-      throw new TsboxError('Internal', `${args[0]} ${args[1]}: ${stderr || messageOf(err)}`, { cause: err });
-    }
+    await runHelper(this.#helper, args, `${args[0] ?? ''} ${args[1] ?? ''}`, { timeoutMs: 10_000 });
   }
 }
 

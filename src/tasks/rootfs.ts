@@ -1,9 +1,9 @@
-import { execFile } from 'node:child_process';
 import { realpath } from 'node:fs/promises';
 import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, isGone, messageOf, withPath } from '../errors.js';
+import { TsboxError, isGone, messageOf, withPath } from '../errors.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
+import { type Helper, runHelper } from '../runtime/helper-service.js';
 import { isMountedAt } from '../runtime/mountinfo.js';
 
 /**
@@ -77,20 +77,9 @@ export function mountArgs(mount: Mount, target: string): string[] {
   return ['mount', target, mount.type, mount.source, ...mount.options];
 }
 
-/** Runs the helper; its stdout on success, else a TsboxError carrying its one line of stderr. */
-function runHelper(helperPath: string, args: readonly string[], what: string, signal?: CallSignal): Promise<string> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) {
-      reject(abortError(signal));
-      return;
-    }
-    const options = { encoding: 'utf8' as const, timeout: HELPER_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) };
-    execFile(helperPath, args, options, (err, stdout, stderr) => {
-      if (err === null) resolve(stdout);
-      else if (signal?.aborted) reject(abortError(signal));
-      else reject(new TsboxError('Internal', `${what}: ${stderr.trim() || messageOf(err)}`, { cause: err }));
-    });
-  });
+/** Runs a helper mode within HELPER_TIMEOUT_MS; its stdout, or a TsboxError with its stderr. */
+function run(helper: Helper, args: readonly string[], what: string, signal?: CallSignal): Promise<string> {
+  return runHelper(helper, args, what, { timeoutMs: HELPER_TIMEOUT_MS, ...(signal === undefined ? {} : { signal }) });
 }
 
 /**
@@ -99,7 +88,7 @@ function runHelper(helperPath: string, args: readonly string[], what: string, si
  * before anything is mounted. On any later failure, or when `signal` aborts, everything at and
  * below `rootfs` is unmounted again before the error is thrown: nothing is left mounted.
  */
-export async function mountRootfs(helperPath: string, mounts: readonly Mount[], rootfs: string, signal?: CallSignal): Promise<void> {
+export async function mountRootfs(helper: Helper, mounts: readonly Mount[], rootfs: string, signal?: CallSignal): Promise<void> {
   if (!isAbsolute(rootfs)) throw new TsboxError('InvalidArgument', `rootfs ${rootfs} is not an absolute path`);
   checkRootfsMounts(mounts);
   const root = await realpath(rootfs).catch((err: unknown) => {
@@ -110,11 +99,11 @@ export async function mountRootfs(helperPath: string, mounts: readonly Mount[], 
     for (let i = 0; i < mounts.length; i++) {
       const mount = mounts[i] as Mount;
       const target = await insideRootfs(root, mountTarget(root, mount), describe(mounts, i));
-      await runHelper(helperPath, mountArgs(mount, target), `cannot mount ${describe(mounts, i)} on ${target}`, signal);
+      await run(helper, mountArgs(mount, target), `cannot mount ${describe(mounts, i)} on ${target}`, signal);
     }
   } catch (err) {
     // Without the signal: the clean-up must finish even when the call was cancelled.
-    const undone = await unmountRootfs(helperPath, rootfs).then(
+    const undone = await unmountRootfs(helper, rootfs).then(
       () => undefined,
       (cleanup: unknown) => cleanup,
     );
@@ -146,7 +135,7 @@ async function insideRootfs(root: string, target: string, what: string): Promise
  * outside the task holds a file in it) is detached lazily; its path is in `detached`.
  */
 export async function unmountRootfs(
-  helperPath: string,
+  helper: Helper,
   rootfs: string,
   signal?: CallSignal,
   options: { readonly helperOnlyWhenMounted?: boolean } = {},
@@ -160,7 +149,7 @@ export async function unmountRootfs(
     });
     if (real === undefined || !(await isMountedAt(real, { below: true }))) return { detached: [] };
   }
-  const out = await runHelper(helperPath, ['umount-all', rootfs], `cannot unmount the rootfs ${rootfs}`, signal);
+  const out = await run(helper, ['umount-all', rootfs], `cannot unmount the rootfs ${rootfs}`, signal);
   const detached = out
     .split('\n')
     .filter((line) => line.startsWith('detached '))
