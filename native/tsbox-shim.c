@@ -76,7 +76,8 @@
  *                             Each runs in a child of its own, whose stdout and stderr are
  *                             collected; the answer on stdout is "<status> <out-bytes>
  *                             <err-bytes>\n" and then those bytes, <status> being the child's
- *                             exit status (128+N when signal N ended it). Exit 0 at end of
+ *                             exit status (128+N when signal N ended it; 125 when it wrote
+ *                             more than 4 MiB, the rest dropped). Exit 0 at end of
  *                             file on stdin; a request that is not one: its reason on stderr,
  *                             exit 2.
  */
@@ -529,11 +530,12 @@ static int helper_mode(int argc, char **argv);
 #define SERVE_MAX_BYTES (4 << 20)
 
 /* Appends what is readable on fd to *buf (at most `max` bytes kept); 0 at end of file. */
-static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t max) {
+static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t max, int *cut) {
   char chunk[16384];
   ssize_t n = read(fd, chunk, sizeof chunk);
   if (n <= 0) return n;
   size_t keep = *len + (size_t)n > max ? max - *len : (size_t)n;
+  if (keep < (size_t)n) *cut = 1;
   if (*len + keep > *cap) {
     size_t next = *cap == 0 ? 4096 : *cap;
     while (next < *len + keep) next *= 2;
@@ -549,6 +551,7 @@ static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t 
 /* Runs one request in a child and writes its answer; -1 when the answer cannot be given. */
 static int serve_one(char **args, int nargs) {
   int out[2], err[2];
+  /* A failure here ends the serving process (its caller exits): nothing to close. */
   if (pipe2(out, O_CLOEXEC) < 0) return fprintf(stderr, "serve: pipe: %s\n", strerror(errno)), -1;
   if (pipe2(err, O_CLOEXEC) < 0) return fprintf(stderr, "serve: pipe: %s\n", strerror(errno)), -1;
   pid_t pid = fork();
@@ -568,7 +571,7 @@ static int serve_one(char **args, int nargs) {
   char *text[2] = {NULL, NULL};
   size_t len[2] = {0, 0}, cap[2] = {0, 0};
   struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int open_fds = 2, failed = 0;
+  int open_fds = 2, failed = 0, cut[2] = {0, 0};
   while (open_fds > 0 && !failed) {
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -578,7 +581,7 @@ static int serve_one(char **args, int nargs) {
     }
     for (int i = 0; i < 2; i++) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      ssize_t n = serve_drain(fds[i].fd, &text[i], &len[i], &cap[i], SERVE_MAX_BYTES);
+      ssize_t n = serve_drain(fds[i].fd, &text[i], &len[i], &cap[i], SERVE_MAX_BYTES, &cut[i]);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) fprintf(stderr, "serve: read: %s\n", strerror(errno)), failed = 1;
       if (n <= 0) {
@@ -587,12 +590,20 @@ static int serve_one(char **args, int nargs) {
       }
     }
   }
+  if (failed) {
+    /* The child may be blocked writing to a pipe no one reads any more: it goes first. */
+    if (kill(pid, SIGKILL) < 0 && errno != ESRCH) fprintf(stderr, "serve: kill %d: %s\n", (int)pid, strerror(errno));
+    for (int i = 0; i < 2; i++)
+      if (fds[i].fd >= 0 && close(fds[i].fd) < 0) fprintf(stderr, "serve: close: %s\n", strerror(errno));
+  }
   int status;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return fprintf(stderr, "serve: waitpid %d: %s\n", (int)pid, strerror(errno)), -1;
   }
   if (failed) return -1;
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  /* Output past the bound was read and dropped: the answer must not pass for whole. */
+  if (cut[0] || cut[1]) code = 125;
   char head[64];
   int hlen = snprintf(head, sizeof head, "%d %zu %zu\n", code, len[0], len[1]);
   int rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || (len[0] > 0 && write_all(STDOUT_FILENO, text[0], len[0]) < 0) ||

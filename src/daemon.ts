@@ -234,7 +234,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   } catch (err) {
     await taskServer?.close(0);
     controller.close();
-    helper.close();
+    await helper.close();
     podContainers.close();
     await store.close();
     await metricsServer?.close();
@@ -249,7 +249,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
       await server.close(config.shutdownDrainMs);
       await taskServer?.close(config.shutdownDrainMs);
       controller.close();
-      helper.close();
+      await helper.close();
       podContainers.close();
       await store.close();
       await metricsServer?.close();

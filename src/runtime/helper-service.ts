@@ -1,7 +1,8 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import type { Logger } from 'pino';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, abortError, messageOf } from '../errors.js';
+import { boundOf, pollUntil } from './bound.js';
 import { signalGroup } from './proc.js';
 
 /**
@@ -9,8 +10,8 @@ import { signalGroup } from './proc.js';
  * has neither): `mount` (a task's rootfs), `umount-all` (the rootfs at Delete) and `umount`
  * (a pod's /dev/shm at Stop). Starting a process from tsbox blocks its event loop for the
  * fork of a large process (3 to 5 ms here, on every pod's start and stop); HelperService keeps
- * one `tsbox-shim serve` running instead, which forks itself (a small process) for each
- * request, so a mount costs well under a millisecond of tsbox's time.
+ * `tsbox-shim serve` processes running instead, each of which forks itself (a small process)
+ * for each request, so a mount costs well under a millisecond of tsbox's time.
  */
 
 /** What one helper run said. */
@@ -22,7 +23,7 @@ export interface HelperResult {
 }
 
 export interface HelperRunOptions {
-  /** How long the run may take before it is ended and the call fails. */
+  /** How long the run may take, waiting for its turn included, before the call fails. */
   readonly timeoutMs: number;
   readonly signal?: CallSignal;
 }
@@ -58,156 +59,257 @@ function runOnce(path: string, args: readonly string[], { timeoutMs, signal }: H
   });
 }
 
-/** One request's wait for its answer. */
-interface Pending {
-  readonly resolve: (result: HelperResult) => void;
-  readonly reject: (err: Error) => void;
-}
+/** How many serving processes run side by side: a mount that hangs holds one, not every pod's. */
+const SERVERS = 2;
+
+/** How long a request ended by its bound waits for its own child to be gone before it fails. */
+const KILL_WAIT_MS = 2000;
 
 /** The answer's header: "<status> <stdout bytes> <stderr bytes>\n". */
 const HEADER = /^(\d{1,3}) (\d{1,10}) (\d{1,10})\n/;
 
+/** One request, from run() until it is answered or fails. */
+interface Job {
+  readonly args: readonly string[];
+  readonly resolve: (result: HelperResult) => void;
+  readonly reject: (err: Error) => void;
+  readonly timer: NodeJS.Timeout;
+  readonly signal: CallSignal | undefined;
+  readonly onAbort: () => void;
+  /** The serving process it was given to; undefined while it waits for one. */
+  server: Server | undefined;
+  /** Written to a process that had already ended (it never read it): sent again, once. */
+  resent: boolean;
+}
+
+/** One `tsbox-shim serve` process. */
+interface Server {
+  readonly child: ChildProcess;
+  job: Job | undefined;
+  chunks: Buffer[];
+  bytes: number;
+  stderr: string;
+  /** Its stdin refused the job's request (EPIPE): the process had ended before reading it. */
+  unread: boolean;
+}
+
 /**
- * One `tsbox-shim serve` process, started at the first request and again after it ends, taking
- * requests one at a time. A request that outlives its bound, or whose call is cancelled, ends
- * the process (with the request's child: its process group), and the next request starts a new
- * one; nothing else waits behind a mount that hangs for longer than its bound.
+ * A few `tsbox-shim serve` processes (SERVERS), started at the first request and again after
+ * one ends, each taking requests one at a time. A request that outlives its bound, or whose
+ * call is cancelled, ends the process serving it with the request's own child (its process
+ * group), and fails once that child is gone (within KILL_WAIT_MS), so that an unmount which
+ * follows finds what it left; a request that waits for its turn fails the same way, without
+ * ending anything.
  */
 export class HelperService {
   readonly #path: string;
   readonly #log: Logger;
-  #child: ChildProcess | undefined;
-  #pending: Pending | undefined;
-  #buffered = Buffer.alloc(0);
-  #stderr = '';
-  /** The last request queued: the next one is written once it has settled. */
-  #tail: Promise<unknown> = Promise.resolve();
+  readonly #servers = new Set<Server>();
+  readonly #waiting: Job[] = [];
+  /** close() was called: requests are still taken until every one has been answered. */
+  #closing = false;
   #closed = false;
+  #idle: (() => void) | undefined;
 
   constructor(path: string, log: Logger) {
     this.#path = path;
     this.#log = log;
   }
 
-  /** The serving process's pid, when one runs (for tests and diagnostics). */
-  get pid(): number | undefined {
-    return this.#child?.pid;
+  /** The pids of the serving processes (for tests and diagnostics). */
+  get pids(): number[] {
+    return [...this.#servers].map((s) => s.child.pid ?? 0).filter((pid) => pid > 0);
   }
 
   run(args: readonly string[], options: HelperRunOptions): Promise<HelperResult> {
     if (args.length === 0 || args.some((a) => a.includes('\0'))) {
       return Promise.reject(new TsboxError('InvalidArgument', 'a helper request needs a mode, and no argument may contain a NUL byte'));
     }
-    const result = this.#tail.then(() => this.#request(args, options));
-    this.#tail = result.catch(ignoreError('that failure went to its own caller; the next request runs regardless'));
-    return result;
-  }
-
-  /** Lets the serving process go: it exits once it reads the end of its stdin. */
-  close(): void {
-    this.#closed = true;
-    this.#child?.stdin?.end();
-    this.#child = undefined;
-  }
-
-  #request(args: readonly string[], { timeoutMs, signal }: HelperRunOptions): Promise<HelperResult> {
-    if (this.#closed) return Promise.reject(new TsboxError('Unavailable', 'tsbox is shutting down: no more mounts'));
+    if (this.#closed) return Promise.reject(new TsboxError('Unavailable', 'tsbox has stopped: no more mounts'));
+    const { signal, timeoutMs } = options;
     if (signal?.aborted) return Promise.reject(abortError(signal));
     return new Promise<HelperResult>((resolve, reject) => {
-      let child: ChildProcess;
-      try {
-        child = this.#serving();
-      } catch (err) {
-        reject(err instanceof Error ? err : new Error(String(err)));
-        return;
-      }
-      const done = (): void => {
-        clearTimeout(timer);
-        signal?.removeEventListener('abort', onAbort);
-        this.#pending = undefined;
+      const job: Job = {
+        args,
+        resolve,
+        reject,
+        timer: setTimeout(() => this.#end(job, new TsboxError('DeadlineExceeded', `tsbox-shim ${args[0] ?? ''} did not finish within ${timeoutMs} ms`)), timeoutMs),
+        signal,
+        onAbort: () => this.#end(job, abortError(signal as CallSignal)),
+        server: undefined,
+        resent: false,
       };
-      // Ends the serving process and the request's child with it; the next request starts anew.
-      const end = (err: Error): void => {
-        done();
-        this.#stop(child);
-        reject(err);
-      };
-      const onAbort = (): void => end(abortError(signal as CallSignal));
-      const timer = setTimeout(() => end(new TsboxError('DeadlineExceeded', `tsbox-shim ${args[0] ?? ''} did not finish within ${timeoutMs} ms`)), timeoutMs);
-      signal?.addEventListener('abort', onAbort, { once: true });
-      this.#pending = {
-        resolve: (result) => {
-          done();
-          resolve(result);
-        },
-        reject: (err) => {
-          done();
-          reject(err);
-        },
-      };
-      const request = Buffer.concat([Buffer.from(`${args.length}\n`), ...args.map((a) => Buffer.from(`${a}\0`))]);
-      child.stdin?.write(request);
+      signal?.addEventListener('abort', job.onAbort, { once: true });
+      this.#waiting.push(job);
+      this.#dispatch();
     });
   }
 
-  /** The serving process, started when none runs. */
-  #serving(): ChildProcess {
-    if (this.#child !== undefined) return this.#child;
+  /**
+   * Lets the serving processes go once every request taken has been answered (each within its
+   * own bound): each exits at the end of its stdin. Later requests fail Unavailable.
+   */
+  async close(): Promise<void> {
+    this.#closing = true;
+    if (this.#waiting.length > 0 || [...this.#servers].some((s) => s.job !== undefined)) {
+      await new Promise<void>((resolve) => (this.#idle = resolve));
+    }
+    this.#closed = true;
+    for (const server of this.#servers) server.child.stdin?.end();
+    this.#servers.clear();
+  }
+
+  /** Gives waiting requests to free serving processes, starting processes up to SERVERS. */
+  #dispatch(): void {
+    while (this.#waiting.length > 0) {
+      let server = [...this.#servers].find((s) => s.job === undefined);
+      if (server === undefined && this.#servers.size < SERVERS) server = this.#start();
+      if (server === undefined) return;
+      const job = this.#waiting.shift() as Job;
+      job.server = server;
+      server.job = job;
+      server.chunks = [];
+      server.bytes = 0;
+      server.unread = false;
+      const request = Buffer.concat([Buffer.from(`${job.args.length}\n`), ...job.args.map((a) => Buffer.from(`${a}\0`))]);
+      server.child.stdin?.write(request, (err) => {
+        if (err !== null && err !== undefined && server.job === job) server.unread = true;
+      });
+    }
+    if (this.#closing && this.#idle !== undefined && [...this.#servers].every((s) => s.job === undefined)) {
+      const idle = this.#idle;
+      this.#idle = undefined;
+      idle();
+    }
+  }
+
+  #start(): Server {
     const child = spawn(this.#path, ['serve'], { stdio: ['pipe', 'pipe', 'pipe'], detached: true, cwd: '/' });
-    this.#child = child;
-    this.#buffered = Buffer.alloc(0);
-    this.#stderr = '';
-    // The daemon ends it (close); it keeps no one else's process running.
+    const server: Server = { child, job: undefined, chunks: [], bytes: 0, stderr: '', unread: false };
+    this.#servers.add(server);
+    // The daemon ends them (close); they keep no one else's event loop running.
     child.unref();
     for (const stream of [child.stdin, child.stdout, child.stderr]) (stream as { unref?: () => void } | null)?.unref?.();
-    child.stdin?.on('error', (err) => this.#log.debug({ err }, 'the mount helper stopped reading its requests'));
-    child.stdout?.on('data', (chunk: Buffer) => this.#answer(child, chunk));
+    child.stdin?.on('error', (err) => this.#log.debug({ err, pid: child.pid }, 'a mount helper stopped reading its requests'));
+    child.stdout?.on('data', (chunk: Buffer) => this.#answer(server, chunk));
     child.stderr?.setEncoding('utf8').on('data', (text: string) => {
-      this.#stderr = (this.#stderr + text).slice(-2000);
+      server.stderr = (server.stderr + text).slice(-2000);
     });
-    child.once('error', (err) => this.#ended(child, new TsboxError('Internal', `cannot run the mount helper ${this.#path} serve: ${err.message}`, { cause: err })));
-    child.once('exit', (code, sig) => {
-      const said = this.#stderr.trim();
-      this.#ended(child, new TsboxError('Internal', `the mount helper ${this.#path} serve ended (${sig ?? `code ${String(code)}`})${said === '' ? '' : `: ${said}`}`));
+    child.once('error', (err) => this.#ended(server, new TsboxError('Internal', `cannot run the mount helper ${this.#path} serve: ${err.message}`, { cause: err })));
+    // 'close', not 'exit': by then all it wrote on stderr has been read.
+    child.once('close', (code, sig) => {
+      const said = server.stderr.trim();
+      this.#ended(server, new TsboxError('Internal', `the mount helper ${this.#path} serve ended (${sig ?? `code ${String(code)}`})${said === '' ? '' : `: ${said}`}`));
     });
-    return child;
+    return server;
   }
 
-  #answer(child: ChildProcess, chunk: Buffer): void {
-    if (child !== this.#child) return;
-    this.#buffered = Buffer.concat([this.#buffered, chunk]);
-    const header = HEADER.exec(this.#buffered.subarray(0, 64).toString('latin1'));
+  #answer(server: Server, chunk: Buffer): void {
+    if (!this.#servers.has(server)) return; // ended already: what it still wrote is no one's
+    const job = server.job;
+    if (job === undefined) {
+      this.#kill(server, 'it answered a request it was not sent');
+      return;
+    }
+    server.chunks.push(chunk);
+    server.bytes += chunk.length;
+    const head = (server.chunks.length === 1 ? chunk : Buffer.concat(server.chunks)).subarray(0, 64).toString('latin1');
+    const header = HEADER.exec(head);
     if (header === null) {
-      if (this.#buffered.includes(0x0a) || this.#buffered.length >= 64) {
-        this.#stop(child);
-        this.#pending?.reject(new TsboxError('Internal', `the mount helper answered something that is not an answer: ${JSON.stringify(this.#buffered.subarray(0, 64).toString('latin1'))}`));
+      if (head.includes('\n') || server.bytes >= 64) {
+        this.#kill(server, 'it answered something that is not an answer');
+        this.#settle(job, undefined, new TsboxError('Internal', `the mount helper answered something that is not an answer: ${JSON.stringify(head)}`));
       }
       return;
     }
     const [line, status, outBytes, errBytes] = header as unknown as [string, string, string, string];
     const total = line.length + Number(outBytes) + Number(errBytes);
-    if (this.#buffered.length < total) return;
-    const out = this.#buffered.subarray(line.length, line.length + Number(outBytes)).toString('utf8');
-    const err = this.#buffered.subarray(line.length + Number(outBytes), total).toString('utf8');
-    this.#buffered = this.#buffered.subarray(total);
-    const pending = this.#pending;
-    if (pending === undefined || this.#buffered.length > 0) {
-      this.#stop(child);
-      pending?.reject(new TsboxError('Internal', 'the mount helper answered a request it was not sent'));
+    if (server.bytes < total) return;
+    const all = Buffer.concat(server.chunks, server.bytes);
+    server.chunks = [];
+    server.bytes = 0;
+    if (all.length > total) {
+      this.#kill(server, 'it answered more than it was asked');
+      this.#settle(job, undefined, new TsboxError('Internal', 'the mount helper answered more than one request'));
       return;
     }
-    pending.resolve({ status: Number(status), stdout: out, stderr: err });
+    const stdout = all.subarray(line.length, line.length + Number(outBytes)).toString('utf8');
+    const stderr = all.subarray(line.length + Number(outBytes), total).toString('utf8');
+    this.#settle(job, { status: Number(status), stdout, stderr });
   }
 
-  #ended(child: ChildProcess, err: Error): void {
-    if (child !== this.#child) return;
-    this.#child = undefined;
-    if (this.#pending !== undefined) this.#pending.reject(err);
-    else if (!this.#closed) this.#log.warn({ err }, 'the mount helper ended between requests; the next one starts it again');
+  /** A serving process ended (or could not start). */
+  #ended(server: Server, err: Error): void {
+    if (!this.#servers.delete(server)) return;
+    const job = server.job;
+    server.job = undefined;
+    if (job === undefined) {
+      if (!this.#closing) this.#log.warn({ err }, 'a mount helper ended between requests; another starts when one is needed');
+    } else if (server.unread && server.bytes === 0 && !job.resent) {
+      // It had ended before it read the request: nothing of it ran, so it goes to another.
+      job.resent = true;
+      job.server = undefined;
+      this.#waiting.unshift(job);
+    } else {
+      this.#settle(job, undefined, err);
+    }
+    this.#dispatch();
   }
 
-  #stop(child: ChildProcess): void {
-    if (this.#child === child) this.#child = undefined;
-    if (child.pid !== undefined && child.exitCode === null && child.signalCode === null) signalGroup(child.pid, 'SIGKILL');
+  /** A request's bound or its call ended it. */
+  #end(job: Job, err: Error): void {
+    const server = job.server;
+    if (server === undefined) {
+      const at = this.#waiting.indexOf(job);
+      if (at < 0) return; // already answered
+      this.#waiting.splice(at, 1);
+      this.#settle(job, undefined, err);
+      this.#dispatch();
+      return;
+    }
+    if (server.job !== job) return;
+    const pid = server.child.pid;
+    this.#kill(server, 'a request it served outlived its bound or was cancelled');
+    server.job = undefined;
+    clearTimeout(job.timer);
+    job.signal?.removeEventListener('abort', job.onAbort);
+    // The request's child may be in the middle of mount(2): what follows (the caller's unmount)
+    // must find what it did, so the failure waits until the process group is gone.
+    const groupGone = (): Promise<boolean> => {
+      try {
+        process.kill(-(pid ?? 0), 0);
+        return Promise.resolve(false);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === 'ESRCH') return Promise.resolve(true);
+        return Promise.reject(e instanceof Error ? e : new Error(String(e)));
+      }
+    };
+    void (pid === undefined ? Promise.resolve(true) : pollUntil(groupGone, boundOf(KILL_WAIT_MS, new AbortController().signal)))
+      .then((gone) => {
+        if (!gone) this.#log.warn({ pid, waitedMs: KILL_WAIT_MS }, 'a mount helper ended for its bound still has a process after SIGKILL');
+      })
+      .catch((e: unknown) => this.#log.warn({ err: e, pid }, 'cannot tell whether a mount helper ended for its bound is gone'))
+      .finally(() => {
+        job.reject(err);
+        this.#dispatch();
+      });
+  }
+
+  #settle(job: Job, result: HelperResult | undefined, err?: Error): void {
+    clearTimeout(job.timer);
+    job.signal?.removeEventListener('abort', job.onAbort);
+    const server = job.server;
+    if (server !== undefined && server.job === job) server.job = undefined;
+    if (result !== undefined) job.resolve(result);
+    else job.reject(err ?? new Error('no answer'));
+    this.#dispatch();
+  }
+
+  /** Ends a serving process and its children (its process group); it is no longer used. */
+  #kill(server: Server, why: string): void {
+    this.#servers.delete(server);
+    const { pid } = server.child;
+    this.#log.debug({ pid, why }, 'ending a mount helper');
+    if (pid !== undefined && server.child.exitCode === null && server.child.signalCode === null) signalGroup(pid, 'SIGKILL');
   }
 }

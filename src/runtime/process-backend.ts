@@ -126,6 +126,22 @@ class Watched implements RunningSandbox {
 }
 
 /**
+ * pollUntil(done, bound), woken as soon as the sandbox's exit is seen (its supervisor's end, the
+ * exits directory's watch) rather than at the poll's next turn; the poll stays for what no event
+ * tells (a supervisor that died without an exit file).
+ */
+async function untilExit(watched: Watched, done: () => Promise<boolean>, bound: Bound): Promise<boolean> {
+  const woken = new AbortController();
+  watched.onExit(() => woken.abort());
+  try {
+    return await pollUntil(done, { ...bound, signal: AbortSignal.any([bound.signal, woken.signal]) });
+  } catch (err) {
+    if (woken.signal.aborted && !bound.signal.aborted) return watched.exited;
+    throw err;
+  }
+}
+
+/**
  * The default backend: each sandbox is a real process, the child of a small supervisor
  * (native/tsbox-shim.c) that outlives tsbox and writes the exit status to the sandbox's
  * directory. Exits are seen through the supervisor's exit (when tsbox started it), an
@@ -562,7 +578,7 @@ export class ProcessBackend implements RuntimeBackend {
       if (watched.orphaned && !watched.exited) await this.#supervisorLost(watched);
       return watched.exited;
     };
-    if (await pollUntil(exited, { ...bound, deadline: Date.now() + bound.ms / 2 })) return;
+    if (await untilExit(watched, exited, { ...bound, deadline: Date.now() + bound.ms / 2 })) return;
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(watched.key, watched.cgroupPath, bound);
     } else {

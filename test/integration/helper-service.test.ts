@@ -6,13 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { pino } from 'pino';
 import { isTsboxError } from '../../src/errors.js';
-import { HelperService } from '../../src/runtime/helper-service.js';
+import { HelperService, runHelper } from '../../src/runtime/helper-service.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
 import { procInfo } from '../support/host.js';
 import { tsboxShim } from '../support/tsbox-daemon.js';
@@ -38,8 +38,10 @@ describe('the mount helper kept running', () => {
     services.push(s);
     return s;
   };
-  after(() => {
-    for (const s of services) s.close();
+  after(async () => {
+    for (const s of services) await s.close();
+    // What a failed test left mounted goes before the directory does.
+    await runHelper(tsboxShim, ['umount-all', scratch], 'unmount the scratch directory', { timeoutMs: 10_000 });
     rmSync(scratch, { recursive: true, force: true });
   });
 
@@ -47,17 +49,31 @@ describe('the mount helper kept running', () => {
     const helper = service();
     const target = path.join(scratch, 'mnt');
     mkdirSync(target);
-    let pid: number | undefined;
+    let pids: number[] | undefined;
     for (let i = 0; i < 20; i++) {
       const mounted = await helper.run(['mount', target, 'tmpfs', 'tmpfs', 'size=1m'], { timeoutMs: 10_000 });
       assert.deepEqual(mounted, { status: 0, stdout: '', stderr: '' });
       assert.equal(await isMountedAt(target, { below: false }), true, `round ${i}: mounted where tsbox sees it`);
-      pid ??= helper.pid;
-      assert.equal(helper.pid, pid, 'the same serving process');
+      pids ??= helper.pids;
+      assert.deepEqual(helper.pids, pids, 'the same one serving process');
       assert.equal((await helper.run(['umount', target], { timeoutMs: 10_000 })).status, 0);
       assert.equal(await isMountedAt(target, { below: false }), false, `round ${i}: unmounted`);
     }
-    assert.deepEqual(childrenOf(pid as number), [], 'no child left behind by the requests');
+    assert.equal(pids?.length, 1);
+    assert.deepEqual(childrenOf(pids?.[0] as number), [], 'no child left behind by the requests');
+  });
+
+  test('requests at once are all served, by at most two processes', async () => {
+    const helper = service();
+    const targets = Array.from({ length: 8 }, (_, i) => path.join(scratch, `at-once-${i}`));
+    for (const t of targets) mkdirSync(t);
+    const mounted = await Promise.all(targets.map((t) => helper.run(['mount', t, 'tmpfs', 'tmpfs', 'size=1m'], { timeoutMs: 10_000 })));
+    assert.deepEqual(mounted.map((r) => r.status), targets.map(() => 0));
+    for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), true, t);
+    assert.ok(helper.pids.length >= 1 && helper.pids.length <= 2, `serving processes: ${helper.pids.join(' ')}`);
+    const unmounted = await Promise.all(targets.map((t) => helper.run(['umount-all', t], { timeoutMs: 10_000 })));
+    assert.deepEqual(unmounted.map((r) => r.status), targets.map(() => 0));
+    for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), false, t);
   });
 
   test("a helper's failure is its status and its one line of stderr, and the next request is served", async () => {
@@ -68,39 +84,75 @@ describe('the mount helper kept running', () => {
     const unknown = await helper.run(['lock', path.join(scratch, 'lock')], { timeoutMs: 10_000 });
     assert.equal(unknown.status, 2, 'only mount, umount and umount-all are served');
     assert.match(unknown.stderr, /lock is not a mode it runs/);
-    const pid = helper.pid;
+    const pids = helper.pids;
     assert.deepEqual(await helper.run(['umount', path.join(scratch, 'not-mounted')], { timeoutMs: 10_000 }), { status: 0, stdout: '', stderr: '' });
-    assert.equal(helper.pid, pid);
+    assert.deepEqual(helper.pids, pids);
     await assert.rejects(helper.run(['umount', 'a\0b'], { timeoutMs: 10_000 }), (err: unknown) => isTsboxError(err, 'InvalidArgument'));
   });
 
   test('killed between requests, it is started again by the next one', async () => {
     const helper = service();
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    const first = helper.pid as number;
+    const [first] = helper.pids as [number];
     process.kill(first, 'SIGKILL');
-    // Once the service has seen it end (its exit reaped): then it no longer names a pid.
-    while (helper.pid !== undefined) await new Promise((r) => setTimeout(r, 5));
+    // Once the service has seen it end (its exit reaped): then it no longer lists it.
+    while (helper.pids.length > 0) await new Promise((r) => setTimeout(r, 5));
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    assert.notEqual(helper.pid, first);
+    assert.equal(helper.pids.length, 1);
+    assert.notEqual(helper.pids[0], first);
   });
 
-  test('a request that outlives its bound fails DeadlineExceeded and ends the serving process with its child; a call cancelled the same', async () => {
-    // A stand-in that reads the request and never answers, with a child of its own, as a mount
-    // that hangs would leave one.
-    const stuck = path.join(scratch, 'stuck-serve');
-    writeFileSync(stuck, '#!/bin/sh\nsleep 1000 &\necho $! > "$0.child"\nexec sleep 1000\n');
-    chmodSync(stuck, 0o755);
-    const helper = service(stuck);
-    await assert.rejects(helper.run(['umount', '/x'], { timeoutMs: 300 }), (err: unknown) => isTsboxError(err, 'DeadlineExceeded') && /within 300 ms/.test(err.message));
-    const child = Number(readFileSync(`${stuck}.child`, 'utf8'));
-    await gone(child);
-    const controller = new AbortController();
-    const cancelled = helper.run(['umount', '/x'], { timeoutMs: 60_000, signal: controller.signal });
-    const serving = helper.pid as number;
-    controller.abort(new Error('the call was cancelled'));
-    await assert.rejects(cancelled);
+  /** A stand-in that never answers, with a child of its own, as a mount that hangs would leave one. */
+  function stuckServer(name: string): { path: string; child: () => Promise<number> } {
+    const file = path.join(scratch, name);
+    writeFileSync(file, '#!/bin/sh\nsleep 1000 &\necho $! > "$0.tmp.$$"\nmv "$0.tmp.$$" "$0.child.$$"\nexec sleep 1000\n');
+    chmodSync(file, 0o755);
+    // Each serving process names its child in a file of its own (by its pid), written whole.
+    const child = async (): Promise<number> => {
+      for (;;) {
+        const found = readdirSync(scratch).find((f) => f.startsWith(`${name}.child.`) && !f.endsWith('.seen'));
+        if (found !== undefined) {
+          const pid = Number(readFileSync(path.join(scratch, found), 'utf8'));
+          renameSync(path.join(scratch, found), path.join(scratch, `${found}.seen`));
+          return pid;
+        }
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    };
+    return { path: file, child };
+  }
+
+  test('a request that outlives its bound fails DeadlineExceeded once its serving process and that one\'s child are gone', async () => {
+    const stuck = stuckServer('stuck-bound');
+    const helper = service(stuck.path);
+    const request = helper.run(['umount', '/x'], { timeoutMs: 3000 });
+    const child = await stuck.child();
+    const [serving] = helper.pids as [number];
+    await assert.rejects(request, (err: unknown) => isTsboxError(err, 'DeadlineExceeded') && /within 3000 ms/.test(err.message));
+    assert.ok([undefined, 'Z'].includes(procInfo(child)?.state), "the request's child is gone (dead, if not yet reaped) when it fails");
     await gone(serving);
+  });
+
+  test('a cancelled call ends its request the same way; a request waiting for its turn fails on its own bound and ends nothing', async () => {
+    const stuck = stuckServer('stuck-cancel');
+    const helper = service(stuck.path);
+    const controllers = [new AbortController(), new AbortController()];
+    // Two requests take the two serving processes, which never answer.
+    const held = controllers.map((c) => helper.run(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal }));
+    const children = [await stuck.child(), await stuck.child()];
+    const serving = helper.pids;
+    assert.equal(serving.length, 2);
+    await assert.rejects(helper.run(['umount', '/y'], { timeoutMs: 200 }), (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
+    assert.deepEqual(helper.pids, serving, 'the waiting request ended no serving process');
+    const queued = new AbortController();
+    const waiting = helper.run(['umount', '/z'], { timeoutMs: 60_000, signal: queued.signal });
+    queued.abort(new Error('cancelled while waiting'));
+    await assert.rejects(waiting, (err: unknown) => isTsboxError(err, 'Cancelled'));
+    assert.deepEqual(helper.pids, serving);
+    for (const c of controllers) c.abort(new Error('the call was cancelled'));
+    for (const r of held) await assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled'));
+    for (const pid of children) assert.ok([undefined, 'Z'].includes(procInfo(pid)?.state), `child ${pid} is gone (dead, if not yet reaped) when its request fails`);
+    for (const pid of serving) await gone(pid);
   });
 
   test('a serving process that dies during a request fails that request, saying how it ended', async () => {
@@ -113,11 +165,18 @@ describe('the mount helper kept running', () => {
     await assert.rejects(missing.run(['umount', '/x'], { timeoutMs: 10_000 }), (err: unknown) => isTsboxError(err, 'Internal') && /ENOENT/.test(err.message));
   });
 
-  test('closed, it exits; the end of its stdin (tsbox gone, however) ends it', async () => {
-    const helper = service();
-    assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    const pid = helper.pid as number;
-    helper.close();
+  test('closed with a request under way, it answers that request first, then exits; later requests fail Unavailable', async () => {
+    const slow = path.join(scratch, 'slow-serve');
+    // Reads one request (its count line), answers it a moment later, then serves until EOF as the real one would.
+    writeFileSync(slow, `#!/bin/sh\nread count\nsleep 0.3\nprintf '0 2 0\\nok'\nexec ${tsboxShim} serve\n`);
+    chmodSync(slow, 0o755);
+    const helper = service(slow);
+    const request = helper.run(['umount', '/x'], { timeoutMs: 10_000 });
+    while (helper.pids.length === 0) await new Promise((r) => setTimeout(r, 5));
+    const [pid] = helper.pids as [number];
+    const closed = helper.close();
+    assert.deepEqual(await request, { status: 0, stdout: 'ok', stderr: '' });
+    await closed;
     await gone(pid);
     await assert.rejects(helper.run(['umount', '/x'], { timeoutMs: 10_000 }), (err: unknown) => isTsboxError(err, 'Unavailable'));
   });
@@ -143,7 +202,7 @@ describe('the mount helper kept running', () => {
     child.stdout.on('data', (c: Buffer) => chunks.push(c));
     for (let i = 0; i < 50; i++) child.stdin.write(Buffer.from(`2\numount-all\0${scratch}/none-${i}\0`));
     child.stdin.end();
-    const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+    const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
     assert.equal(code, 0);
     assert.equal(Buffer.concat(chunks).toString(), '0 0 0\n'.repeat(50));
   });

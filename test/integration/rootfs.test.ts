@@ -32,7 +32,7 @@ for (const kind of ['a process per run', 'the helper kept running']) {
     const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-rootfs-'));
     after(async () => {
       await unmountRootfs(helper, scratch);
-      if (typeof helper !== 'string') helper.close();
+      if (typeof helper !== 'string') await helper.close();
       rmSync(scratch, { recursive: true, force: true });
     });
 
