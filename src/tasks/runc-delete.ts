@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
 import { isSameProcess } from '../runtime/proc.js';
-import { isGone } from '../errors.js';
+import { allOrFirstError, isGone } from '../errors.js';
 
 /**
  * What `runc delete` does to a container whose init has ended, done without running runc:
@@ -56,7 +56,8 @@ export async function deleteStoppedContainer(options: {
     // Its processes outlive its init: runc kills them through the cgroup, and so does this.
     await options.kill(config.cgroups.path, options.bound);
   }
-  for (const path of new Set(Object.values(cgroupPaths))) await removeTree(path, options.bound);
+  // One directory per hierarchy (a dozen on cgroup v1), side by side; all settle before a failure is told.
+  await allOrFirstError([...new Set(Object.values(cgroupPaths))].map((path) => removeTree(path, options.bound)));
   await rm(dir, { recursive: true, force: true });
   return 'deleted';
 }
