@@ -94,8 +94,8 @@ interface Server {
 }
 
 /**
- * A few `tsbox-shim serve` processes (SERVERS), started at the first request and again after
- * one ends, each taking requests one at a time. A request that outlives its bound, or whose
+ * A few `tsbox-shim serve` processes (SERVERS), all started at the first request, and again
+ * when a request finds fewer (one ended), each taking requests one at a time. A request that outlives its bound, or whose
  * call is cancelled, ends the process serving it with the request's own child (its process
  * group), and fails once that child is gone (within KILL_WAIT_MS), so that an unmount which
  * follows finds what it left; a request that waits for its turn fails the same way, without
@@ -162,8 +162,12 @@ export class HelperService {
   /** Gives waiting requests to free serving processes, starting processes up to SERVERS. */
   #dispatch(): void {
     while (this.#waiting.length > 0) {
-      let server = [...this.#servers].find((s) => s.job === undefined);
-      if (server === undefined && this.#servers.size < SERVERS) server = this.#start();
+      if (this.#servers.size < SERVERS) {
+        // All of them at once: how many run (and the descriptors tsbox holds for them) does not
+        // depend on how many requests happened to come together.
+        while (this.#servers.size < SERVERS) this.#start();
+      }
+      const server = [...this.#servers].find((s) => s.job === undefined);
       if (server === undefined) return;
       const job = this.#waiting.shift() as Job;
       job.server = server;

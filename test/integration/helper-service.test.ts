@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
@@ -45,7 +45,7 @@ describe('the mount helper kept running', () => {
     rmSync(scratch, { recursive: true, force: true });
   });
 
-  test('one process mounts and unmounts, request after request, in the mount namespace of tsbox', async () => {
+  test('the serving processes mount and unmount, request after request, in the mount namespace of tsbox', async () => {
     const helper = service();
     const target = path.join(scratch, 'mnt');
     mkdirSync(target);
@@ -55,22 +55,22 @@ describe('the mount helper kept running', () => {
       assert.deepEqual(mounted, { status: 0, stdout: '', stderr: '' });
       assert.equal(await isMountedAt(target, { below: false }), true, `round ${i}: mounted where tsbox sees it`);
       pids ??= helper.pids;
-      assert.deepEqual(helper.pids, pids, 'the same one serving process');
+      assert.deepEqual(helper.pids, pids, 'the same serving processes');
       assert.equal((await helper.run(['umount', target], { timeoutMs: 10_000 })).status, 0);
       assert.equal(await isMountedAt(target, { below: false }), false, `round ${i}: unmounted`);
     }
-    assert.equal(pids?.length, 1);
-    assert.deepEqual(childrenOf(pids?.[0] as number), [], 'no child left behind by the requests');
+    assert.equal(pids?.length, 2, 'both started at the first request');
+    for (const pid of pids ?? []) assert.deepEqual(childrenOf(pid), [], 'no child left behind by the requests');
   });
 
-  test('requests at once are all served, by at most two processes', async () => {
+  test('requests at once are all served, by the two processes', async () => {
     const helper = service();
     const targets = Array.from({ length: 8 }, (_, i) => path.join(scratch, `at-once-${i}`));
     for (const t of targets) mkdirSync(t);
     const mounted = await Promise.all(targets.map((t) => helper.run(['mount', t, 'tmpfs', 'tmpfs', 'size=1m'], { timeoutMs: 10_000 })));
     assert.deepEqual(mounted.map((r) => r.status), targets.map(() => 0));
     for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), true, t);
-    assert.ok(helper.pids.length >= 1 && helper.pids.length <= 2, `serving processes: ${helper.pids.join(' ')}`);
+    assert.equal(helper.pids.length, 2, `serving processes: ${helper.pids.join(' ')}`);
     const unmounted = await Promise.all(targets.map((t) => helper.run(['umount-all', t], { timeoutMs: 10_000 })));
     assert.deepEqual(unmounted.map((r) => r.status), targets.map(() => 0));
     for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), false, t);
@@ -93,44 +93,46 @@ describe('the mount helper kept running', () => {
   test('killed between requests, it is started again by the next one', async () => {
     const helper = service();
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    const [first] = helper.pids as [number];
+    const [first, second] = helper.pids as [number, number];
     process.kill(first, 'SIGKILL');
     // Once the service has seen it end (its exit reaped): then it no longer lists it.
-    while (helper.pids.length > 0) await new Promise((r) => setTimeout(r, 5));
+    while (helper.pids.includes(first)) await new Promise((r) => setTimeout(r, 5));
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    assert.equal(helper.pids.length, 1);
-    assert.notEqual(helper.pids[0], first);
+    assert.equal(helper.pids.length, 2, 'the one that ended is replaced');
+    assert.ok(helper.pids.includes(second) && !helper.pids.includes(first), `serving: ${helper.pids.join(' ')}`);
   });
 
   /** A stand-in that never answers, with a child of its own, as a mount that hangs would leave one. */
-  function stuckServer(name: string): { path: string; child: () => Promise<number> } {
+  function stuckServer(name: string): { path: string; childOf: (serving: number) => Promise<number> } {
     const file = path.join(scratch, name);
     writeFileSync(file, '#!/bin/sh\nsleep 1000 &\necho $! > "$0.tmp.$$"\nmv "$0.tmp.$$" "$0.child.$$"\nexec sleep 1000\n');
     chmodSync(file, 0o755);
     // Each serving process names its child in a file of its own (by its pid), written whole.
-    const child = async (): Promise<number> => {
+    const childOf = async (serving: number): Promise<number> => {
+      const named = path.join(scratch, `${name}.child.${serving}`);
       for (;;) {
-        const found = readdirSync(scratch).find((f) => f.startsWith(`${name}.child.`) && !f.endsWith('.seen'));
-        if (found !== undefined) {
-          const pid = Number(readFileSync(path.join(scratch, found), 'utf8'));
-          renameSync(path.join(scratch, found), path.join(scratch, `${found}.seen`));
-          return pid;
+        try {
+          return Number(readFileSync(named, 'utf8'));
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
         }
         await new Promise((r) => setTimeout(r, 5));
       }
     };
-    return { path: file, child };
+    return { path: file, childOf };
   }
 
   test('a request that outlives its bound fails DeadlineExceeded once its serving process and that one\'s child are gone', async () => {
     const stuck = stuckServer('stuck-bound');
     const helper = service(stuck.path);
     const request = helper.run(['umount', '/x'], { timeoutMs: 3000 });
-    const child = await stuck.child();
-    const [serving] = helper.pids as [number];
+    // The first serving process takes the first request.
+    const [serving, idle] = helper.pids as [number, number];
+    const child = await stuck.childOf(serving);
     await assert.rejects(request, (err: unknown) => isTsboxError(err, 'DeadlineExceeded') && /within 3000 ms/.test(err.message));
     assert.ok([undefined, 'Z'].includes(procInfo(child)?.state), "the request's child is gone (dead, if not yet reaped) when it fails");
     await gone(serving);
+    assert.deepEqual(helper.pids, [idle], 'the other one serves on');
   });
 
   test('a cancelled call ends its request the same way; a request waiting for its turn fails on its own bound and ends nothing', async () => {
@@ -139,9 +141,9 @@ describe('the mount helper kept running', () => {
     const controllers = [new AbortController(), new AbortController()];
     // Two requests take the two serving processes, which never answer.
     const held = controllers.map((c) => helper.run(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal }));
-    const children = [await stuck.child(), await stuck.child()];
     const serving = helper.pids;
     assert.equal(serving.length, 2);
+    const children = [await stuck.childOf(serving[0] as number), await stuck.childOf(serving[1] as number)];
     await assert.rejects(helper.run(['umount', '/y'], { timeoutMs: 200 }), (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
     assert.deepEqual(helper.pids, serving, 'the waiting request ended no serving process');
     const queued = new AbortController();
@@ -172,12 +174,12 @@ describe('the mount helper kept running', () => {
     chmodSync(slow, 0o755);
     const helper = service(slow);
     const request = helper.run(['umount', '/x'], { timeoutMs: 10_000 });
-    while (helper.pids.length === 0) await new Promise((r) => setTimeout(r, 5));
-    const [pid] = helper.pids as [number];
+    const pids = helper.pids;
+    assert.equal(pids.length, 2);
     const closed = helper.close();
     assert.deepEqual(await request, { status: 0, stdout: 'ok', stderr: '' });
     await closed;
-    await gone(pid);
+    for (const pid of pids) await gone(pid);
     await assert.rejects(helper.run(['umount', '/x'], { timeoutMs: 10_000 }), (err: unknown) => isTsboxError(err, 'Unavailable'));
   });
 
