@@ -90,7 +90,11 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.deepEqual(holders().filter((h) => h === c1 || h === c2).sort(), [c1, c2].sort(), 'one holder per container');
       assert.equal((await containerState(c1)).state, 'CONTAINER_RUNNING');
       const pid2 = (await containerState(c2)).pid;
-      assert.equal(readFileSync(`/proc/${pid2}/cmdline`, 'utf8').split('\0').join(' ').trim(), 'sleep 100000', 'ContainerStatus names the container\'s own process');
+      // The pid is the container's init from its start; what it runs changes as it execs (runc
+      // init, then sh, then sleep), after StartContainer has answered, as with runc's own start.
+      const cmdline = (): string => readFileSync(`/proc/${pid2}/cmdline`, 'utf8').split('\0').join(' ').trim();
+      await waitFor(() => cmdline() === 'sleep 100000', { what: `process ${pid2} to run the container's command`, describe: () => `it runs: ${cmdline()}` });
+      assert.equal(cmdline(), 'sleep 100000', 'ContainerStatus names the container\'s own process');
 
       // In the pod's namespaces, with pid 1 the sandbox process.
       assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
