@@ -201,12 +201,16 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
 
   test('a process of a running container killed by the OOM killer: CRI reports the container OOMKilled while it runs, as podsandbox does', (t) =>
     withLogs(async () => {
-      // dd is the shell's child and the one past the limit; the shell (the init) goes on.
-      const script = 'dd if=/dev/zero of=/dev/null bs=32M count=1; echo "dd ended: $?"; exec sleep 100000';
+      // dd is the shell's child and the one past the limit; the shell (the init) goes on. dd
+      // starts on an exec's go-ahead, once StartContainer has answered: the container runs, and
+      // the runc shim watches its cgroup only from the end of its Start (a kill before that it
+      // never reports; seen once on this machine's podsandbox).
+      const script = `${AWAIT_GO_AHEAD}; dd if=/dev/zero of=/dev/null bs=32M count=1; echo "dd ended: $?"; exec sleep 100000`;
       const oomKilledChild = async (handler: string): Promise<{ state: string; reason: string }> => {
         const config = env.podConfig(`oom-child-${handler}`, { linux: { cgroup_parent: `/tsbox-e2e-${process.pid}/oom-child-${handler}` } });
         const id = await runPod(config, handler);
         const c = await startContainer(id, config, 'worker', script, { linux: { resources: { memory_limit_in_bytes: 16 * 1024 * 1024 } } });
+        assert.equal((await exec(c, GO_AHEAD)).code, 0);
         const log = path.join(config.log_directory ?? '', 'worker.log');
         await waitFor(() => readFileSync(log, 'utf8').includes('dd ended: 137'), { what: `${handler}: dd killed`, describe: () => readFileSync(log, 'utf8') });
         // CRI hears of the kill through containerd's events (TaskOOM), a moment after the shell.
