@@ -1228,6 +1228,8 @@ int main(int argc, char **argv) {
   snprintf(record, sizeof record, "%d %llu %d %llu\n", (int)getpid(), self_start, (int)proc_pid, proc_start);
   /* Not fsynced, as tsbox-shim's: it matters only while the processes it names run. */
   if (write_file_atomic("pid", record, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
+  /* Started through tsbox-shim serve's spawn: from its answer on, it outlives the request. */
+  if (prctl(PR_SET_PDEATHSIG, 0) < 0) fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
   created = 0;
   snprintf(reply, sizeof reply, "ok %d %d\n", (int)getpid(), (int)proc_pid);
   if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }

@@ -79,7 +79,18 @@
  *                             exit status (128+N when signal N ended it; 125 when it wrote
  *                             more than 4 MiB, the rest dropped). Exit 0 at end of
  *                             file on stdin; a request that is not one: its reason on stderr,
- *                             exit 2.
+ *                             exit 2. One more request starts a process that goes on running
+ *                             (a container's holder, a sandbox's supervisor):
+ *                               spawn PROGRAM N ENV1..ENVN ARG...
+ *                             runs the absolute PROGRAM with exactly those N "NAME=value"
+ *                             pairs as its environment, in a session of its own, stdin
+ *                             /dev/null, from /, and answers with what it wrote on stdout and
+ *                             stderr until it closed both (it goes on running; status 0, or
+ *                             its exit status if it has ended by then: 127 when it could not
+ *                             be run). Until it closes them, the end of the request's child
+ *                             ends it too (SIGKILL, PR_SET_PDEATHSIG), so a request ended for
+ *                             its bound leaves nothing half-started: a program that answers
+ *                             takes that back first (tsbox-ctr and this supervisor do).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,6 +105,7 @@
 #include <sys/file.h>
 #include <poll.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -548,6 +560,83 @@ static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t 
   return n;
 }
 
+/* Copies what is readable on `from` to `to`; 0 at end of file, -1 on failure. */
+static int relay_chunk(int from, int to) {
+  char chunk[16384];
+  ssize_t n = read(from, chunk, sizeof chunk);
+  if (n < 0) return errno == EINTR ? 1 : -1;
+  if (n == 0) return 0;
+  return write_all(to, chunk, (size_t)n) < 0 ? -1 : 1;
+}
+
+/* The child of a `spawn` request: starts the program and passes on its stdout and stderr
+   until it has closed both; the program is then left running (see the header). */
+static int spawn_mode(int nargs, char **args) {
+  if (nargs < 3 || args[1][0] != '/') {
+    fprintf(stderr, "spawn needs an absolute program, the count of its environment's entries, the entries and its arguments\n");
+    return 2;
+  }
+  char *end;
+  errno = 0;
+  long nenv = strtol(args[2], &end, 10);
+  if (errno != 0 || end == args[2] || *end != '\0' || nenv < 0 || nenv > nargs - 3) {
+    fprintf(stderr, "spawn: %.32s is not a count of environment entries (0 to %d)\n", args[2], nargs - 3);
+    return 2;
+  }
+  static char *envp[SERVE_MAX_ARGS + 1], *argv[SERVE_MAX_ARGS + 1];
+  for (long i = 0; i < nenv; i++) envp[i] = args[3 + i];
+  envp[nenv] = NULL;
+  int argc = 0;
+  argv[argc++] = args[1];
+  for (long i = 3 + nenv; i < nargs; i++) argv[argc++] = args[i];
+  argv[argc] = NULL;
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) return fprintf(stderr, "spawn: pipe: %s\n", strerror(errno)), 125;
+  pid_t relay = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return fprintf(stderr, "spawn: fork: %s\n", strerror(errno)), 125;
+  if (pid == 0) {
+    /* Ended with this relay until it answers; then it is on its own. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) fprintf(stderr, "spawn: prctl PR_SET_PDEATHSIG: %s\n", strerror(errno)), _exit(125);
+    if (getppid() != relay) _exit(125); /* the relay is gone already: nobody wants it */
+    if (setsid() < 0) fprintf(stderr, "spawn: setsid: %s\n", strerror(errno)), _exit(125);
+    if (chdir("/") < 0) fprintf(stderr, "spawn: chdir /: %s\n", strerror(errno)), _exit(125);
+    if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) fprintf(stderr, "spawn: dup2: %s\n", strerror(errno)), _exit(125);
+    sigset_t none;
+    if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0 || set_signals((const int[]){SIGPIPE, 0}, SIG_DFL) < 0)
+      fprintf(stderr, "spawn: reset signals: %s\n", strerror(errno)), _exit(125);
+    execve(args[1], argv, envp);
+    fprintf(stderr, "cannot run %s: %s\n", args[1], strerror(errno));
+    _exit(127);
+  }
+  if (close(out[1]) < 0 || close(err[1]) < 0) return fprintf(stderr, "spawn: close: %s\n", strerror(errno)), 125;
+  struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return fprintf(stderr, "spawn: poll: %s\n", strerror(errno)), 125;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      int r = relay_chunk(fds[i].fd, i == 0 ? STDOUT_FILENO : STDERR_FILENO);
+      if (r < 0) return fprintf(stderr, "spawn: relay: %s\n", strerror(errno)), 125;
+      if (r == 0) {
+        if (close(fds[i].fd) < 0) return fprintf(stderr, "spawn: close: %s\n", strerror(errno)), 125;
+        fds[i].fd = -1, open_fds--;
+      }
+    }
+  }
+  /* Its outputs are closed: ended (a failure, told on them), or running on. */
+  int status;
+  pid_t w;
+  do w = waitpid(pid, &status, WNOHANG);
+  while (w < 0 && errno == EINTR);
+  if (w < 0) return fprintf(stderr, "spawn: waitpid %d: %s\n", (int)pid, strerror(errno)), 125;
+  if (w == 0) return 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 /* Runs one request in a child and writes its answer; -1 when the answer cannot be given. */
 static int serve_one(char **args, int nargs) {
   int out[2], err[2];
@@ -563,7 +652,7 @@ static int serve_one(char **args, int nargs) {
     argv[0] = "tsbox-shim";
     for (int i = 0; i < nargs; i++) argv[i + 1] = args[i];
     argv[nargs + 1] = NULL;
-    int rc = helper_mode(nargs + 1, argv);
+    int rc = strcmp(args[0], "spawn") == 0 ? spawn_mode(nargs, args) : helper_mode(nargs + 1, argv);
     if (fflush(stdout) != 0 || fflush(stderr) != 0) _exit(125);
     _exit(rc);
   }
@@ -645,13 +734,14 @@ static int serve_mode(void) {
         return 2;
       }
     }
-    int known = strcmp(args[0], "mount") == 0 || strcmp(args[0], "umount") == 0 || strcmp(args[0], "umount-all") == 0;
+    int known = strcmp(args[0], "mount") == 0 || strcmp(args[0], "umount") == 0 || strcmp(args[0], "umount-all") == 0 ||
+                strcmp(args[0], "spawn") == 0;
     int rc;
     if (known) {
       rc = serve_one(args, (int)nargs);
     } else {
       char said[256];
-      int slen = snprintf(said, sizeof said, "serve: %.64s is not a mode it runs (mount, umount, umount-all)\n", args[0]);
+      int slen = snprintf(said, sizeof said, "serve: %.64s is not a mode it runs (mount, umount, umount-all, spawn)\n", args[0]);
       char head[64];
       int hlen = snprintf(head, sizeof head, "2 0 %d\n", slen);
       rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || write_all(STDOUT_FILENO, said, (size_t)slen) < 0 ? -1 : 0;
@@ -872,6 +962,8 @@ int main(int argc, char **argv) {
      not outlive the machine; a crash of tsbox leaves it in the page cache. */
   if (write_file_atomic("pid", pids, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
   snprintf(reply, sizeof reply, "ok %s", pids);
+  /* Started through `serve`'s spawn: from its answer on, it outlives the request. */
+  if (prctl(PR_SET_PDEATHSIG, 0) < 0) fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
   /* The sandbox runs: from here a failure is the exit status's to tell, not the answer's. */
   pid_t sandbox = child;
   child = 0;

@@ -5,8 +5,9 @@ import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
+import { TsboxError, abortError, errnoOf, isTsboxError, messageOf, readIfPresent } from '../errors.js';
 import { readChildAnswer } from './child-answer.js';
+import { type HelperService, spawnArgs, spawnedAnswer } from './helper-service.js';
 import { parseExitFile } from './process-backend.js';
 import { isSameProcess, signalGroup, untilGone } from './proc.js';
 
@@ -64,6 +65,11 @@ export interface HolderIo {
   /** A file the holder creates once the exit file is written (tsbox's exits directory). */
   readonly notify?: string;
   readonly holderPath: string;
+  /**
+   * Starts the holder when one of its serving processes is free (no fork of tsbox itself);
+   * else, and without it, tsbox starts the holder.
+   */
+  readonly starter?: HelperService;
   readonly runcPath?: string;
   /** How long the holder may take to answer (runc create included). */
   readonly timeoutMs: number;
@@ -139,12 +145,46 @@ export async function execProcess(options: ExecOptions): Promise<ContainerHolder
 }
 
 async function runHolder(io: HolderIo, args: string[], what: string): Promise<ContainerHolder> {
+  const said = (await startThroughService(io, args, what)) ?? (await startFromTsbox(io, args, what));
+  const line = 'line' in said ? said.line : '';
+  if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot ${what}: ${line.slice(6)}`);
+  const ok = /^ok (\d+) (\d+)$/.exec(line);
+  if (ok === null) throw new TsboxError('Internal', `container holder failed: ${('line' in said ? line : said.said).slice(0, 300)}`);
+  const record = parseHolderRecord((await readIfPresent(join(io.dir, 'pid'))) ?? '');
+  if (record === undefined || record.holderPid !== Number(ok[1]) || record.pid !== Number(ok[2])) {
+    throw new TsboxError('Internal', `container holder ${ok[1]} answered but ${join(io.dir, 'pid')} does not name it`);
+  }
+  return new ContainerHolder(io.dir, record);
+}
+
+function holderTimeout(io: HolderIo, what: string): TsboxError {
+  return new TsboxError('DeadlineExceeded', `cannot ${what}: its holder did not answer within ${io.timeoutMs} ms`);
+}
+
+/** The holder started by a serving process of io.starter; undefined when none is free. */
+async function startThroughService(io: HolderIo, args: string[], what: string): Promise<{ line: string } | { said: string } | undefined> {
+  const request = spawnArgs({ path: io.holderPath, args, env: process.env });
+  const started = io.starter?.tryRun(request, { timeoutMs: io.timeoutMs, ...(io.signal === undefined ? {} : { signal: io.signal }) });
+  if (started === undefined) return undefined;
+  try {
+    return spawnedAnswer(await started);
+  } catch (err) {
+    // The request's end ended a holder that had not answered (and runc with it); one that
+    // answered meanwhile is found by the record it writes first, and ended.
+    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresent(join(io.dir, 'holder'))) ?? '');
+    if (early !== null) await endWorkingHolder(Number(early[1]), early[2] as string, HOLDER_KILL_WAIT_MS);
+    throw isTsboxError(err, 'DeadlineExceeded') ? holderTimeout(io, what) : err;
+  }
+}
+
+/** The holder started by tsbox itself (a fork of tsbox's process). */
+async function startFromTsbox(io: HolderIo, args: string[], what: string): Promise<{ line: string } | { said: string }> {
   const child = spawn(io.holderPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   let answer;
   try {
     answer = await readChildAnswer(child, {
       timeoutMs: io.timeoutMs,
-      timeoutError: () => new TsboxError('DeadlineExceeded', `cannot ${what}: its holder did not answer within ${io.timeoutMs} ms`),
+      timeoutError: () => holderTimeout(io, what),
       spawnError: (e) => new TsboxError('Internal', `cannot run the container holder ${io.holderPath}: ${e.message}`, { cause: e }),
       ...(io.signal === undefined ? {} : { signal: io.signal, abortError }),
     });
@@ -154,18 +194,8 @@ async function runHolder(io: HolderIo, args: string[], what: string): Promise<Co
     throw err;
   }
   child.unref();
-  const line = answer.kind === 'line' ? answer.line : '';
-  if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot ${what}: ${line.slice(6)}`);
-  const ok = /^ok (\d+) (\d+)$/.exec(line);
-  if (ok === null) {
-    const said = answer.kind === 'line' ? line : `${answer.partial} ${answer.stderr} (it exited: ${answer.exit})`;
-    throw new TsboxError('Internal', `container holder failed: ${(said.trim() || 'no answer').slice(0, 300)}`);
-  }
-  const record = parseHolderRecord((await readIfPresent(join(io.dir, 'pid'))) ?? '');
-  if (record === undefined || record.holderPid !== Number(ok[1]) || record.pid !== Number(ok[2])) {
-    throw new TsboxError('Internal', `container holder ${ok[1]} answered but ${join(io.dir, 'pid')} does not name it`);
-  }
-  return new ContainerHolder(io.dir, record);
+  if (answer.kind === 'line') return { line: answer.line };
+  return { said: `${answer.partial} ${answer.stderr} (it exited: ${answer.exit})`.trim() };
 }
 
 /** What findContainerHolder found in a holder's directory. */
@@ -234,6 +264,9 @@ export interface WaitExitOptions {
   /** Told the container's OOM-kill count each time it grows, once `watchOom` is on. */
   readonly onOom?: (kills: number) => void;
 }
+
+/** How long a holder ended after a failed start is waited for. */
+const HOLDER_KILL_WAIT_MS = 2000;
 
 /** How long a control request may take (runc start included). */
 const CONTROL_TIMEOUT_MS = 30_000;

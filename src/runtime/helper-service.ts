@@ -8,12 +8,44 @@ import { signalGroup } from './proc.js';
 /**
  * The supervisor binary's helper modes that make mount(2) and umount(2) calls for tsbox (Node
  * has neither): `mount` (a task's rootfs), `umount-all` (the rootfs at Delete) and `umount`
- * (a pod's /dev/shm at Stop). Starting a process from tsbox blocks its event loop for the
+ * (a pod's /dev/shm at Stop); and `spawn`, which starts a container's holder or a sandbox's
+ * supervisor. Starting a process from tsbox blocks its event loop for the
  * fork of a large process (3 to 5 ms here, on every pod's start and stop); HelperService keeps
  * `tsbox-shim serve` processes running instead, each of which forks itself (a small process)
  * for each request, so tsbox only writes a request and reads an answer (a task's rootfs mount
  * took 4.8 ms through a process per mount, 1.4 ms this way: p50 of 12 pods, bench/profile-pods.ts).
  */
+
+/** A program `tsbox-shim serve` starts and leaves running (see spawnArgs). */
+export interface SpawnRequest {
+  /** Absolute. */
+  readonly path: string;
+  readonly args: readonly string[];
+  /** Its whole environment (entries without a value are left out). */
+  readonly env: Readonly<Record<string, string | undefined>>;
+}
+
+/**
+ * The request that has a serving process start a program that goes on running (a container's
+ * holder, a sandbox's supervisor): its answer is what the program wrote on stdout and stderr
+ * until it closed both, and the program runs on in a session of its own. Until then it ends
+ * with the request (PR_SET_PDEATHSIG), so a request ended for its bound leaves nothing half
+ * started; tsbox-ctr and tsbox-shim take that back just before they answer.
+ */
+export function spawnArgs(request: SpawnRequest): string[] {
+  const env = Object.entries(request.env)
+    .filter((entry): entry is [string, string] => entry[1] !== undefined && entry[0] !== '' && !entry[0].includes('='))
+    .map(([name, value]) => `${name}=${value}`);
+  return ['spawn', request.path, String(env.length), ...env, ...request.args];
+}
+
+/** The first line of a spawned program's answer, or what it said instead when it wrote none. */
+export function spawnedAnswer(result: HelperResult): { readonly line: string } | { readonly said: string } {
+  const newline = result.stdout.indexOf('\n');
+  if (newline >= 0) return { line: result.stdout.slice(0, newline) };
+  const said = `${result.stdout}${result.stderr === '' ? '' : ` ${result.stderr}`}`.trim();
+  return { said: `${said === '' ? 'no answer' : said} (status ${result.status})` };
+}
 
 /** What one helper run said. */
 export interface HelperResult {
@@ -60,8 +92,12 @@ function runOnce(path: string, args: readonly string[], { timeoutMs, signal }: H
   });
 }
 
-/** How many serving processes run side by side: a mount that hangs holds one, not every pod's. */
-const SERVERS = 2;
+/**
+ * How many serving processes run side by side: a mount that hangs holds one, not every pod's;
+ * the starts of four containers at once (a holder holds its process until runc create is
+ * done) leave none of the pods' mounts waiting.
+ */
+export const HELPER_SERVERS = 4;
 
 /** How long a request ended by its bound waits for its own child to be gone before it fails. */
 const KILL_WAIT_MS = 2000;
@@ -95,7 +131,7 @@ interface Server {
 }
 
 /**
- * A few `tsbox-shim serve` processes (SERVERS), all started at the first request, and again
+ * A few `tsbox-shim serve` processes (HELPER_SERVERS), all started at the first request, and again
  * when a request finds fewer (one ended), each taking requests one at a time. A request that outlives its bound, or whose
  * call is cancelled, ends the process serving it with the request's own child (its process
  * group), and fails once that child is gone (within KILL_WAIT_MS), so that an unmount which
@@ -147,6 +183,17 @@ export class HelperService {
   }
 
   /**
+   * As run(), but only when a serving process is free at once (they are started when none
+   * runs); undefined when every one is busy: the caller does the work another way rather than
+   * wait behind requests that may take long (a spawned holder's runc create).
+   */
+  tryRun(args: readonly string[], options: HelperRunOptions): Promise<HelperResult> | undefined {
+    if (this.#closing || this.#closed || this.#waiting.length > 0) return undefined;
+    if (this.#servers.size >= HELPER_SERVERS && [...this.#servers].every((s) => s.job !== undefined)) return undefined;
+    return this.run(args, options);
+  }
+
+  /**
    * Lets the serving processes go once every request taken has been answered (each within its
    * own bound): each exits at the end of its stdin. Later requests fail Unavailable.
    */
@@ -160,13 +207,13 @@ export class HelperService {
     this.#servers.clear();
   }
 
-  /** Gives waiting requests to free serving processes, starting processes up to SERVERS. */
+  /** Gives waiting requests to free serving processes, starting processes up to HELPER_SERVERS. */
   #dispatch(): void {
     while (this.#waiting.length > 0) {
-      if (this.#servers.size < SERVERS) {
+      if (this.#servers.size < HELPER_SERVERS) {
         // All of them at once: how many run (and the descriptors tsbox holds for them) does not
         // depend on how many requests happened to come together.
-        while (this.#servers.size < SERVERS) this.#start();
+        while (this.#servers.size < HELPER_SERVERS) this.#start();
       }
       const server = [...this.#servers].find((s) => s.job === undefined);
       if (server === undefined) return;

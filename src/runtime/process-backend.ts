@@ -17,11 +17,12 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, isTsboxError, messageOf, readIfPresent } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { readChildAnswer } from './child-answer.js';
+import { type HelperService, spawnArgs, spawnedAnswer } from './helper-service.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
@@ -62,6 +63,8 @@ export interface ProcessBackendOptions {
   };
   /** How long the supervisor may take to answer its start handshake. */
   readonly startTimeoutMs: number;
+  /** Starts supervisors without a fork of tsbox when one of its processes is free. */
+  readonly starter?: HelperService;
   /** How long a sandbox's processes may take to die of SIGKILL before a clean-up fails. */
   readonly killTimeoutMs: number;
   readonly logger: Logger;
@@ -310,9 +313,21 @@ export class ProcessBackend implements RuntimeBackend {
       // In a slice, the supervisor waits until systemd has put it in the sandbox's scope.
       if (slice !== undefined) args.unshift('--hold');
       t1 = performance.now();
-      child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
-      const replied = readReply(child, this.#opts.startTimeoutMs, signal);
-      if (slice !== undefined) {
+      // Started by a serving process when one is free (no fork of tsbox); one that must wait
+      // for systemd's scope (--hold) is tsbox's own child.
+      const started = slice === undefined ? this.#opts.starter?.tryRun(spawnArgs({ path: shimPath, args, env }), { timeoutMs: this.#opts.startTimeoutMs, signal }) : undefined;
+      if (started !== undefined) child = undefined;
+      else child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
+      const replied =
+        started === undefined
+          ? readReply(child as ChildProcess, this.#opts.startTimeoutMs, signal)
+          : started.then(
+              (result) => replyOf(spawnedAnswer(result)),
+              (err: unknown) => {
+                throw isTsboxError(err, 'DeadlineExceeded') ? supervisorTimeout(this.#opts.startTimeoutMs) : err;
+              },
+            );
+      if (slice !== undefined && child !== undefined) {
         await this.#enterScope(child, spec, slice, limits).catch((err: unknown) => {
           replied.catch(ignoreError('the start failed before the supervisor was let go; its answer says only that'));
           throw err;
@@ -332,7 +347,7 @@ export class ProcessBackend implements RuntimeBackend {
       await podFiles?.remove(spec.id).catch((e: unknown) => this.#log.warn({ err: e }, 'cannot remove the pod files of a failed start'));
       throw err;
     }
-    child.unref();
+    child?.unref();
     const [shimStart, pidStart] = await Promise.all([processStartTime(reply.shimPid), processStartTime(reply.pid)]);
     const handle: ProcessHandle = {
       shimPid: reply.shimPid,
@@ -341,13 +356,19 @@ export class ProcessBackend implements RuntimeBackend {
       pidStart: pidStart ?? '',
     };
     const key = `${spec.namespace}/${spec.id}`;
-    const watched = new Watched(key, dir, handle, true);
+    const watched = new Watched(key, dir, handle, child !== undefined);
     watched.cgroupPath = this.#cgroupPath(spec);
     this.#watched.set(key, watched);
-    // The supervisor writes the exit file before it exits, so its exit is the moment to
-    // read it, also when the sandbox ended before its start time could be read.
-    child.once('exit', () => void this.#collect(watched));
-    if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
+    if (child !== undefined) {
+      // The supervisor writes the exit file before it exits, so its exit is the moment to
+      // read it, also when the sandbox ended before its start time could be read.
+      child.once('exit', () => void this.#collect(watched));
+      if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
+    } else if (shimStart === undefined) {
+      // Not tsbox's child: its exit notice, or the poll of supervisors, tells its end; one
+      // that ended before its start time could be read is looked at now.
+      void this.#collect(watched);
+    }
     const ms = (x: number): number => Math.round(x * 10) / 10;
     this.#log.debug({ ns: spec.namespace, id: spec.id, podFilesMs: ms(t1 - t0), supervisorMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'sandbox process running');
     return watched;
@@ -637,15 +658,24 @@ export class ProcessBackend implements RuntimeBackend {
 async function readReply(child: ChildProcess, timeoutMs: number, signal: CallSignal): Promise<{ shimPid: number; pid: number }> {
   const answer = await readChildAnswer(child, {
     timeoutMs,
-    timeoutError: () => new TsboxError('FailedPrecondition', `cannot start sandbox: its supervisor did not answer within ${timeoutMs} ms (a network namespace or cgroup that blocks?)`),
+    timeoutError: () => supervisorTimeout(timeoutMs),
     spawnError: (e) => new TsboxError('Internal', `cannot run the sandbox supervisor: ${e.message}`, { cause: e }),
     signal,
     abortError,
   });
-  const line = answer.kind === 'line' ? answer.line : '';
+  if (answer.kind === 'line') return replyOf({ line: answer.line });
+  return replyOf({ said: `${answer.partial}${answer.stderr === '' ? '' : ` ${answer.stderr}`} (it exited: ${answer.exit})`.trim() || 'no answer' });
+}
+
+function supervisorTimeout(timeoutMs: number): TsboxError {
+  return new TsboxError('FailedPrecondition', `cannot start sandbox: its supervisor did not answer within ${timeoutMs} ms (a network namespace or cgroup that blocks?)`);
+}
+
+/** The supervisor's answer: its two pids, or the error it (or what it wrote instead) says. */
+function replyOf(said: { readonly line: string } | { readonly said: string }): { shimPid: number; pid: number } {
+  const line = 'line' in said ? said.line : '';
   const ok = /^ok (\d+) (\d+)$/.exec(line);
   if (ok !== null) return { shimPid: Number(ok[1]), pid: Number(ok[2]) };
   if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot start sandbox: ${line.slice(6)}`);
-  const said = answer.kind === 'line' ? line : `${answer.partial}${answer.stderr === '' ? '' : ` ${answer.stderr}`} (it exited: ${answer.exit})`;
-  throw new TsboxError('Internal', `sandbox supervisor failed: ${(said.trim() || 'no answer').slice(0, 300)}`);
+  throw new TsboxError('Internal', `sandbox supervisor failed: ${('line' in said ? line : said.said).slice(0, 300)}`);
 }

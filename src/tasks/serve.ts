@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../errors.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
+import type { HelperService } from '../runtime/helper-service.js';
 import { TtrpcServer } from '../ttrpc/server.js';
 import { registerTaskService } from './task-service.js';
 import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskEvents } from './tasks.js';
@@ -57,6 +58,8 @@ export interface TaskServerOptions {
   readonly socket: string;
   readonly stateDir: string;
   readonly holderPath: string;
+  /** Starts holders without a fork of tsbox when one of its processes is free. */
+  readonly holderStarter?: HelperService;
   readonly runcPath: string;
   readonly createTimeoutMs: number;
   readonly rootfs: RootfsMounter;
@@ -136,6 +139,7 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
     runcRoot: dirs.runcRoot,
     runcPath: options.runcPath,
     holderPath: options.holderPath,
+    ...(options.holderStarter === undefined ? {} : { holderStarter: options.holderStarter }),
     createTimeoutMs: options.createTimeoutMs,
     rootfs: options.rootfs,
     events: options.events,

@@ -19,6 +19,7 @@ import {
 } from '../runtime/container-holder.js';
 import { SerialQueue } from '../serial-queue.js';
 import { type Bound, boundOf } from '../runtime/bound.js';
+import type { HelperService } from '../runtime/helper-service.js';
 import { deleteStoppedContainer } from './runc-delete.js';
 import { runc, type RuncOptions } from './runc.js';
 
@@ -102,6 +103,8 @@ export interface TaskTableOptions {
   readonly runcRoot: string;
   readonly runcPath: string;
   readonly holderPath: string;
+  /** Starts holders without a fork of tsbox when one of its processes is free. */
+  readonly holderStarter?: HelperService;
   readonly createTimeoutMs: number;
   readonly rootfs: RootfsMounter;
   readonly events: TaskEvents;
@@ -344,6 +347,7 @@ export class TaskTable {
           terminal: request.terminal,
           systemdCgroup: record.systemdCgroup,
           holderPath: this.#opts.holderPath,
+          ...(this.#opts.holderStarter === undefined ? {} : { starter: this.#opts.holderStarter }),
           runcPath: record.runcPath,
           timeoutMs: this.#opts.createTimeoutMs,
           signal,
@@ -495,6 +499,7 @@ export class TaskTable {
           terminal: proc.io.terminal,
           systemdCgroup: task.record.systemdCgroup,
           holderPath: this.#opts.holderPath,
+          ...(this.#opts.holderStarter === undefined ? {} : { starter: this.#opts.holderStarter }),
           runcPath: task.record.runcPath,
           timeoutMs: this.#opts.createTimeoutMs,
           signal,

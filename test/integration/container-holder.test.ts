@@ -3,13 +3,15 @@
  * from Debian's static busybox: output reaches CRI-style FIFOs, exit codes are recorded, the
  * holder outlives the Node process that started it and is found again by another, a tty can be
  * resized, an exec'd process has its own exit, a container in a shared pid namespace takes its
- * other processes with it, and runc's own error reaches the caller when create fails.
+ * other processes with it, and runc's own error reaches the caller when create fails. All of it
+ * twice: with the holder started by tsbox itself, and by tsbox-shim serve's spawn (the daemon's way).
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmdirSync, symlinkSync, writeFileSync, writeSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { pino } from 'pino';
 import { isTsboxError } from '../../src/errors.js';
 import {
   type ContainerHolder,
@@ -20,6 +22,7 @@ import {
   sharesPidNamespace,
 } from '../../src/runtime/container-holder.js';
 import { detectCgroups } from '../../src/runtime/cgroups.js';
+import { HelperService } from '../../src/runtime/helper-service.js';
 import { processStat } from '../../src/runtime/proc.js';
 import { repoRoot } from '../support/containerd-clients.js';
 import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
@@ -35,6 +38,8 @@ let scratch = '';
 let rootfs = '';
 let runcRoot = '';
 const ids: string[] = [];
+/** Starts the holders in the second run of the suite. */
+let starter: HelperService | undefined;
 
 /** An OCI bundle running `args` in the busybox root file system. */
 function bundle(id: string, args: string[], edit: (config: Record<string, unknown>) => void = () => undefined): string {
@@ -59,7 +64,7 @@ function options(id: string, bundleDir: string, io: Partial<CreateOptions> = {})
   ids.push(id);
   const dir = path.join(scratch, id);
   mkdirSync(dir, { recursive: true });
-  return { dir, id, root: runcRoot, bundle: bundleDir, terminal: false, killAll: false, holderPath, timeoutMs: 30_000, ...io };
+  return { dir, id, root: runcRoot, bundle: bundleDir, terminal: false, killAll: false, holderPath, timeoutMs: 30_000, ...(starter === undefined ? {} : { starter }), ...io };
 }
 
 function runcList(): string[] {
@@ -73,8 +78,10 @@ function memoryOf(pid: number): { rss: number; pss: number } {
   return { rss: field('Rss'), pss: field('Pss') };
 }
 
-describe('container holder (tsbox-ctr) with runc', () => {
+for (const startedBy of ['tsbox', 'tsbox-shim serve'] as const) describe(`container holder (tsbox-ctr) with runc, started by ${startedBy}`, () => {
   before(async () => {
+    ids.length = 0;
+    if (startedBy === 'tsbox-shim serve') starter = new HelperService(path.join(repoRoot, 'dist', 'bin', 'tsbox-shim'), pino({ level: 'silent' }));
     assert.ok(existsSync(busybox), `${busybox} not found: run scripts/install-containerd.sh (as root)`);
     scratch = await makeTempDir('tsbox-holder-');
     runcRoot = path.join(scratch, 'runc');
@@ -85,6 +92,8 @@ describe('container holder (tsbox-ctr) with runc', () => {
   });
 
   after(async () => {
+    await starter?.close();
+    starter = undefined;
     for (const id of ids) {
       try {
         execFileSync('runc', ['--root', runcRoot, 'delete', '--force', id], { stdio: 'ignore' });
@@ -151,7 +160,8 @@ describe('container holder (tsbox-ctr) with runc', () => {
     const out = fifo('c2-stdout');
     const output = readFifo(out);
     const opts = options('c2', bundle('c2', ['sh', '-c', 'read line; echo "got $line"; exit 7']), { stdin, stdout: out });
-    const child = spawn(process.execPath, [holderChild, JSON.stringify(opts)], { stdio: ['pipe', 'pipe', 'inherit'] });
+    // The other Node process starts the holder itself (a serving process would be its child).
+    const child = spawn(process.execPath, [holderChild, JSON.stringify({ ...opts, starter: undefined })], { stdio: ['pipe', 'pipe', 'inherit'] });
     const line = await new Promise<string>((resolve, reject) => {
       let text = '';
       child.stdout.setEncoding('utf8').on('data', (chunk: string) => {
@@ -215,6 +225,7 @@ describe('container holder (tsbox-ctr) with runc', () => {
       stdout: out,
       terminal: false,
       holderPath,
+      ...(starter === undefined ? {} : { starter }),
       timeoutMs: 30_000,
       process: { args: ['sh', '-c', 'echo in exec; exit 5'], cwd: '/', env: ['PATH=/bin'], user: { uid: 0, gid: 0 } },
     });

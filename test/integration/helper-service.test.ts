@@ -2,17 +2,17 @@
  * The mount helper kept running (`tsbox-shim serve` behind HelperService), with the real
  * binary: one process serves request after request, says each helper's own failure, comes back
  * after it is killed, ends a request that outlives its bound with the request's own child, and
- * refuses a request stream that is not one.
+ * refuses a request stream that is not one; and starts programs that go on running (spawn).
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { pino } from 'pino';
 import { isTsboxError } from '../../src/errors.js';
-import { HelperService, runHelper } from '../../src/runtime/helper-service.js';
+import { HELPER_SERVERS, HelperService, runHelper, spawnArgs, spawnedAnswer } from '../../src/runtime/helper-service.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
 import { procInfo } from '../support/host.js';
 import { tsboxShim } from '../support/tsbox-daemon.js';
@@ -59,18 +59,18 @@ describe('the mount helper kept running', () => {
       assert.equal((await helper.run(['umount', target], { timeoutMs: 10_000 })).status, 0);
       assert.equal(await isMountedAt(target, { below: false }), false, `round ${i}: unmounted`);
     }
-    assert.equal(pids?.length, 2, 'both started at the first request');
+    assert.equal(pids?.length, HELPER_SERVERS, 'all started at the first request');
     for (const pid of pids ?? []) assert.deepEqual(childrenOf(pid), [], 'no child left behind by the requests');
   });
 
-  test('requests at once are all served, by the two processes', async () => {
+  test('requests at once are all served, by the serving processes', async () => {
     const helper = service();
-    const targets = Array.from({ length: 8 }, (_, i) => path.join(scratch, `at-once-${i}`));
+    const targets = Array.from({ length: 3 * HELPER_SERVERS }, (_, i) => path.join(scratch, `at-once-${i}`));
     for (const t of targets) mkdirSync(t);
     const mounted = await Promise.all(targets.map((t) => helper.run(['mount', t, 'tmpfs', 'tmpfs', 'size=1m'], { timeoutMs: 10_000 })));
     assert.deepEqual(mounted.map((r) => r.status), targets.map(() => 0));
     for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), true, t);
-    assert.equal(helper.pids.length, 2, `serving processes: ${helper.pids.join(' ')}`);
+    assert.equal(helper.pids.length, HELPER_SERVERS, `serving processes: ${helper.pids.join(' ')}`);
     const unmounted = await Promise.all(targets.map((t) => helper.run(['umount-all', t], { timeoutMs: 10_000 })));
     assert.deepEqual(unmounted.map((r) => r.status), targets.map(() => 0));
     for (const t of targets) assert.equal(await isMountedAt(t, { below: false }), false, t);
@@ -82,7 +82,7 @@ describe('the mount helper kept running', () => {
     assert.equal(failed.status, 1);
     assert.equal(failed.stderr, `mount type tmpfs from tmpfs on ${scratch}/nowhere (flags 0x0): No such file or directory (ENOENT)\n`);
     const unknown = await helper.run(['lock', path.join(scratch, 'lock')], { timeoutMs: 10_000 });
-    assert.equal(unknown.status, 2, 'only mount, umount and umount-all are served');
+    assert.equal(unknown.status, 2, 'only mount, umount, umount-all and spawn are served');
     assert.match(unknown.stderr, /lock is not a mode it runs/);
     const pids = helper.pids;
     assert.deepEqual(await helper.run(['umount', path.join(scratch, 'not-mounted')], { timeoutMs: 10_000 }), { status: 0, stdout: '', stderr: '' });
@@ -93,13 +93,13 @@ describe('the mount helper kept running', () => {
   test('killed between requests, it is started again by the next one', async () => {
     const helper = service();
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    const [first, second] = helper.pids as [number, number];
+    const [first, ...others] = helper.pids as [number, ...number[]];
     process.kill(first, 'SIGKILL');
     // Once the service has seen it end (its exit reaped): then it no longer lists it.
     while (helper.pids.includes(first)) await new Promise((r) => setTimeout(r, 5));
     assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
-    assert.equal(helper.pids.length, 2, 'the one that ended is replaced');
-    assert.ok(helper.pids.includes(second) && !helper.pids.includes(first), `serving: ${helper.pids.join(' ')}`);
+    assert.equal(helper.pids.length, HELPER_SERVERS, 'the one that ended is replaced');
+    assert.ok(others.every((pid) => helper.pids.includes(pid)) && !helper.pids.includes(first), `serving: ${helper.pids.join(' ')}`);
   });
 
   /** A stand-in that never answers, with a child of its own, as a mount that hangs would leave one. */
@@ -127,23 +127,23 @@ describe('the mount helper kept running', () => {
     const helper = service(stuck.path);
     const request = helper.run(['umount', '/x'], { timeoutMs: 3000 });
     // The first serving process takes the first request.
-    const [serving, idle] = helper.pids as [number, number];
+    const [serving, ...idle] = helper.pids as [number, ...number[]];
     const child = await stuck.childOf(serving);
     await assert.rejects(request, (err: unknown) => isTsboxError(err, 'DeadlineExceeded') && /within 3000 ms/.test(err.message));
     assert.ok([undefined, 'Z'].includes(procInfo(child)?.state), "the request's child is gone (dead, if not yet reaped) when it fails");
     await gone(serving);
-    assert.deepEqual(helper.pids, [idle], 'the other one serves on');
+    assert.deepEqual(helper.pids, idle, 'the others serve on');
   });
 
   test('a cancelled call ends its request the same way; a request waiting for its turn fails on its own bound and ends nothing', async () => {
     const stuck = stuckServer('stuck-cancel');
     const helper = service(stuck.path);
-    const controllers = [new AbortController(), new AbortController()];
-    // Two requests take the two serving processes, which never answer.
+    const controllers = Array.from({ length: HELPER_SERVERS }, () => new AbortController());
+    // As many requests as serving processes take them all; they never answer.
     const held = controllers.map((c) => helper.run(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal }));
     const serving = helper.pids;
-    assert.equal(serving.length, 2);
-    const children = [await stuck.childOf(serving[0] as number), await stuck.childOf(serving[1] as number)];
+    assert.equal(serving.length, HELPER_SERVERS);
+    const children = await Promise.all(serving.map((pid) => stuck.childOf(pid)));
     await assert.rejects(helper.run(['umount', '/y'], { timeoutMs: 200 }), (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
     assert.deepEqual(helper.pids, serving, 'the waiting request ended no serving process');
     const queued = new AbortController();
@@ -175,7 +175,7 @@ describe('the mount helper kept running', () => {
     const helper = service(slow);
     const request = helper.run(['umount', '/x'], { timeoutMs: 10_000 });
     const pids = helper.pids;
-    assert.equal(pids.length, 2);
+    assert.equal(pids.length, HELPER_SERVERS);
     const closed = helper.close();
     assert.deepEqual(await request, { status: 0, stdout: 'ok', stderr: '' });
     await closed;
@@ -207,5 +207,98 @@ describe('the mount helper kept running', () => {
     const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
     assert.equal(code, 0);
     assert.equal(Buffer.concat(chunks).toString(), '0 0 0\n'.repeat(50));
+  });
+
+  describe('spawn: a program started that goes on running', () => {
+    const started: number[] = [];
+    after(() => {
+      for (const pid of started) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      }
+    });
+
+    test("a sandbox supervisor answers, and runs on in a session of its own, no serving process's child, with exactly the environment given", async () => {
+      const helper = service();
+      const dir = mkdtempSync(path.join(scratch, 'spawned-'));
+      const command = ['/bin/sh', '-c', `/usr/bin/env > ${dir}/env.tmp && mv ${dir}/env.tmp ${dir}/env && exec /bin/sleep 1000`];
+      const result = await helper.run(spawnArgs({ path: tsboxShim, args: ['--dir', dir, '--', ...command], env: { FOO: 'bar baz', UNSET: undefined } }), { timeoutMs: 10_000 });
+      const said = spawnedAnswer(result);
+      assert.ok('line' in said, `answered: ${JSON.stringify(result)}`);
+      const ok = /^ok (\d+) (\d+)$/.exec(said.line);
+      assert.ok(ok !== null, said.line);
+      const [supervisor, sandbox] = [Number(ok[1]), Number(ok[2])];
+      started.push(sandbox, supervisor);
+      assert.equal(result.status, 0, 'it runs on');
+      const info = procInfo(supervisor);
+      assert.ok(info !== undefined && info.state !== 'Z', 'the supervisor runs after its answer');
+      assert.ok(!helper.pids.includes(info.ppid), `its parent ${info.ppid} is no serving process (${helper.pids.join(' ')})`);
+      const stat = readFileSync(`/proc/${supervisor}/stat`, 'utf8');
+      const session = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[3]);
+      assert.equal(session, supervisor, 'it leads a session of its own');
+      assert.equal(readlinkSync(`/proc/${supervisor}/cwd`), '/', 'it runs from /');
+      let env: string | undefined;
+      while (env === undefined) {
+        try {
+          env = readFileSync(path.join(dir, 'env'), 'utf8');
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+          await new Promise((r) => setTimeout(r, 5));
+        }
+      }
+      assert.match(env, /^FOO=bar baz$/m, 'the entry given');
+      assert.doesNotMatch(env, /^(UNSET|HOME)=/m, "nothing of tsbox's own environment, no entry without a value");
+      // The serving processes end: what they started runs on.
+      const pids = helper.pids;
+      await helper.close();
+      for (const pid of pids) await gone(pid);
+      assert.ok(procInfo(supervisor) !== undefined && procInfo(supervisor)?.state !== 'Z', 'the supervisor outlives the serving processes');
+    });
+
+    test('a program that cannot be run: status 127 and why; a request that is not a spawn: status 2 and why', async () => {
+      const helper = service();
+      assert.deepEqual(await helper.run(spawnArgs({ path: '/no/such/program', args: [], env: {} }), { timeoutMs: 10_000 }), {
+        status: 127,
+        stdout: '',
+        stderr: 'cannot run /no/such/program: No such file or directory\n',
+      });
+      const relative = await helper.run(['spawn', 'sh', '0'], { timeoutMs: 10_000 });
+      assert.equal(relative.status, 2);
+      assert.match(relative.stderr, /spawn needs an absolute program/);
+      const count = await helper.run(['spawn', '/bin/sh', '3', 'A=1'], { timeoutMs: 10_000 });
+      assert.equal(count.status, 2);
+      assert.match(count.stderr, /3 is not a count of environment entries \(0 to 1\)/);
+      assert.deepEqual(spawnedAnswer({ status: 127, stdout: '', stderr: 'cannot run x\n' }), { said: 'cannot run x (status 127)' });
+    });
+
+    test('a program that has not answered when its request ends for its bound is ended with it: nothing is left half started', async () => {
+      const helper = service();
+      const pidFile = path.join(scratch, 'never-answers.pid');
+      // It keeps its stdout open and never answers.
+      const request = helper.run(spawnArgs({ path: '/bin/sh', args: ['-c', `echo $$ > ${pidFile}.tmp && mv ${pidFile}.tmp ${pidFile} && exec /bin/sleep 1000`], env: {} }), { timeoutMs: 1500 });
+      await assert.rejects(request, (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
+      const pid = Number(readFileSync(pidFile, 'utf8'));
+      started.push(pid);
+      // Its parent (the request's child) was killed with the serving process: PR_SET_PDEATHSIG ends it.
+      await gone(pid);
+    });
+
+    test('tryRun takes a free serving process, and says undefined when every one is busy, rather than wait', async () => {
+      const stuck = stuckServer('stuck-try');
+      const helper = service(stuck.path);
+      const controllers = Array.from({ length: HELPER_SERVERS }, () => new AbortController());
+      const held = controllers.map((c) => helper.tryRun(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal }));
+      assert.ok(held.every((r) => r !== undefined), 'a free one for each');
+      await Promise.all(helper.pids.map((pid) => stuck.childOf(pid)));
+      assert.equal(helper.tryRun(['umount', '/y'], { timeoutMs: 60_000 }), undefined, 'all busy');
+      for (const c of controllers) c.abort(new Error('done'));
+      for (const r of held) await assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled'));
+      const again = helper.tryRun(['umount', '/z'], { timeoutMs: 200 });
+      assert.ok(again !== undefined, 'free again (new serving processes)');
+      await assert.rejects(again, (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
+    });
   });
 });
