@@ -34,6 +34,12 @@ export interface CgroupManager {
    * their absence. A directory the kernel still calls busy is retried until the bound.
    */
   remove(path: string, bound: Bound): Promise<void>;
+  /**
+   * Removes the sandbox's own directories when they hold no process and no cgroup below (what
+   * a sandbox that exited leaves): true when none is left. False, and nothing else done, when
+   * one is busy: kill and remove then do the whole work.
+   */
+  removeIfEmpty(path: string): Promise<boolean>;
   /** The statistics as an Any of io.containerd.cgroups.v1.Metrics or v2.Metrics. */
   metrics(path: string): Promise<AnyValue>;
   /**
@@ -208,6 +214,25 @@ export async function removeTree(dir: string, bound: Bound): Promise<void> {
   }
 }
 
+/** rmdir of each directory, side by side: true when every one is gone, false when one was busy (EBUSY). */
+async function rmdirEach(dirs: readonly string[]): Promise<boolean> {
+  const results = await Promise.allSettled(
+    dirs.map(async (d) => {
+      try {
+        await rmdir(d);
+        return true;
+      } catch (err) {
+        if (isGone(err)) return true;
+        if (errnoOf(err) === 'EBUSY') return false;
+        throw withPath(err, d, 'remove cgroup');
+      }
+    }),
+  );
+  const failed = results.find((r) => r.status === 'rejected');
+  if (failed !== undefined) throw (failed as PromiseRejectedResult).reason;
+  return results.every((r) => r.status === 'fulfilled' && r.value);
+}
+
 /**
  * A statistics file read with a fallback: which files exist depends on the kernel and the
  * controllers enabled, and Metrics reports what it can read (absent counters as zero).
@@ -368,6 +393,10 @@ export class CgroupV1 implements CgroupManager {
 
   async remove(path: string, bound: Bound): Promise<void> {
     await allOrFirstError(this.#dirs(path, true).map((dir) => removeTree(dir, bound)));
+  }
+
+  removeIfEmpty(path: string): Promise<boolean> {
+    return rmdirEach(this.#dirs(path, true));
   }
 
   oomKills(path: string): Promise<number | undefined> {
@@ -652,6 +681,10 @@ export class CgroupV2 implements CgroupManager {
 
   async remove(path: string, bound: Bound): Promise<void> {
     await removeTree(this.#dir(path), bound);
+  }
+
+  removeIfEmpty(path: string): Promise<boolean> {
+    return rmdirEach([this.#dir(path)]);
   }
 
   oomKills(path: string): Promise<number | undefined> {

@@ -94,12 +94,15 @@ export class PodFiles {
 
   /** Stop: unmounts /dev/shm and removes the three files. Idempotent. */
   async unmount(id: string): Promise<void> {
-    if (await isOurs(this.stateDir(id))) {
-      if (await isMountPoint(this.shmPath(id))) await this.#mountHelper(['umount', this.shmPath(id)]);
-    }
-    if (await isOurs(this.rootDir(id))) {
-      for (const name of ['hostname', 'hosts', 'resolv.conf']) await rm(join(this.rootDir(id), name), { force: true });
-    }
+    // The two directories side by side; all settle before a failure is told.
+    await allOrFirstError([
+      (async () => {
+        if ((await isOurs(this.stateDir(id))) && (await isMountPoint(this.shmPath(id)))) await this.#mountHelper(['umount', this.shmPath(id)]);
+      })(),
+      (async () => {
+        if (await isOurs(this.rootDir(id))) await allOrFirstError(['hostname', 'hosts', 'resolv.conf'].map((name) => rm(join(this.rootDir(id), name), { force: true })));
+      })(),
+    ]);
   }
 
   /** Shutdown: all of the above, then both directories, if tsbox made them. Idempotent. */

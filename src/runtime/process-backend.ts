@@ -441,10 +441,15 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
-    await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
-    await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
-    await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
-    await podFiles?.remove(spec.id);
+    // Independent of one another, side by side; all settle before a failure is told.
+    await allOrFirstError([
+      this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id) ?? Promise.resolve(),
+      (async () => {
+        await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
+        await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
+      })(),
+      podFiles?.remove(spec.id) ?? Promise.resolve(),
+    ]);
   }
 
   async updateResources(spec: LaunchSpec, sandbox: RunningSandbox, limits: Resources): Promise<void> {
@@ -613,13 +618,18 @@ export class ProcessBackend implements RuntimeBackend {
 
   async release(spec: LaunchSpec, signal: CallSignal): Promise<void> {
     const { cgroups } = this.#opts;
-    if (cgroups !== undefined) {
+    // What an exited sandbox usually leaves: an empty cgroup, removed at once (rmdir fails
+    // with EBUSY on one that still holds a process or a cgroup below, which then goes the long way).
+    const emptyGone = cgroups !== undefined && sliceOf(spec.pod?.cgroupParent) === undefined && (await cgroups.removeIfEmpty(this.#cgroupPath(spec)));
+    if (emptyGone) {
+      // Nothing of the sandbox's is left in it: no process to end, no directory to remove.
+    } else if (cgroups !== undefined) {
       // Whatever the sandbox left in its cgroup (a child that left its process group) goes too.
       const bound = this.#bound(signal);
       const path = this.#cgroupPath(spec);
       await this.#endCgroup(`${spec.namespace}/${spec.id}`, path, bound);
     }
-    await this.#removeCgroup(spec, this.#bound(signal));
+    if (!emptyGone) await this.#removeCgroup(spec, this.#bound(signal));
     await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(
       ignoreError('usually absent; a leftover notice only makes tsbox look at the exit file again'),
     );

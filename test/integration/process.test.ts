@@ -328,9 +328,9 @@ describe('a supervisor that never answers its start handshake', () => {
     const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-mute-'));
     const mute = path.join(scratch, 'mute-supervisor');
     // Takes the supervisor's place: runs, never answers, never exits by itself (the state
-    // dir lock is still the real supervisor's).
+    // dir lock and the serving processes that start supervisors are still the real binary's).
     const sleep = '7431.25'; // a duration nothing else on the machine sleeps for
-    writeFileSync(mute, `#!/bin/sh\n[ "$1" = lock ] && exec ${tsboxShim} "$@"\nexec sleep ${sleep}\n`, { mode: 0o755 });
+    writeFileSync(mute, `#!/bin/sh\ncase "$1" in lock|serve) exec ${tsboxShim} "$@";; esac\nexec sleep ${sleep}\n`, { mode: 0o755 });
     const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--shim-path', mute, '--start-timeout-ms', '400'] }), { label: 'tsbox-mute-' });
     const ns = uniqueNamespace('mute');
     try {
@@ -368,8 +368,8 @@ describe('a supervisor that never answers its start handshake', () => {
       mute,
       [
         '#!/bin/sh',
-        // The state dir lock is still the real supervisor's.
-        `[ "$1" = lock ] && exec ${tsboxShim} "$@"`,
+        // The state dir lock and the serving processes are still the real binary's.
+        `case "$1" in lock|serve) exec ${tsboxShim} "$@";; esac`,
         'while [ $# -gt 0 ]; do',
         '  if [ "$1" = --cgroup ]; then echo $$ > "$2/cgroup.procs"; shift; fi',
         '  shift',
