@@ -229,7 +229,7 @@ async function rmdirEach(dirs: readonly string[]): Promise<boolean> {
     }),
   );
   const failed = results.find((r) => r.status === 'rejected');
-  if (failed !== undefined) throw (failed as PromiseRejectedResult).reason;
+  if (failed !== undefined) throw failed.reason;
   return results.every((r) => r.status === 'fulfilled' && r.value);
 }
 
