@@ -142,7 +142,11 @@ const schema = z
     shutdownDrainMs: intFlag(0, 600_000),
     /** How many sandboxes are recovered at once at start-up. */
     recoveryConcurrency: intFlag(1, 1024),
-    /** How often sandboxes whose supervisor tsbox did not start are checked. */
+    /**
+     * How often sandboxes whose supervisor is not tsbox's child (started through
+     * `tsbox-shim serve`, or found after a restart) are checked for a supervisor gone without
+     * an exit file.
+     */
     supervisorPollMs: intFlag(100, 600_000),
     /**
      * Crash tests only: the daemon kills itself with SIGKILL at this named point (see
