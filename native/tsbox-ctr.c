@@ -1121,7 +1121,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
     if (signal(ignored[i], SIG_IGN) == SIG_ERR) fail("signal: %s", strerror(errno));
   }
-  /* Its own session (tsbox spawns it detached, which already made one: then EPERM). */
+  /* Its own session (tsbox and tsbox-shim serve start it in one already: then EPERM). */
   if (setsid() < 0 && !(errno == EPERM && getsid(0) == getpid())) fail("setsid: %s", strerror(errno));
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
   /* runc create exits once the container is made: its init is then reparented here. */

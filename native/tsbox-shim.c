@@ -85,12 +85,15 @@
  *                             runs the absolute PROGRAM with exactly those N "NAME=value"
  *                             pairs as its environment, in a session of its own, stdin
  *                             /dev/null, from /, and answers with what it wrote on stdout and
- *                             stderr until it closed both (it goes on running; status 0, or
- *                             its exit status if it has ended by then: 127 when it could not
- *                             be run). Until it closes them, the end of the request's child
- *                             ends it too (SIGKILL, PR_SET_PDEATHSIG), so a request ended for
- *                             its bound leaves nothing half-started: a program that answers
- *                             takes that back first (tsbox-ctr and this supervisor do).
+ *                             stderr until it closed both: status 0 once it ran (it goes on
+ *                             running, or has ended since), 127 when it could not be run, 125
+ *                             when the spawn itself failed. It is started with
+ *                             PR_SET_PDEATHSIG = SIGKILL towards the request's child, which has
+ *                             the same towards the serving process: a request ended for its
+ *                             bound, or a serving process that dies, takes a program that has
+ *                             not answered with it. A program that is to outlive the request
+ *                             clears it before it answers (tsbox-ctr and this supervisor do);
+ *                             one that does not is killed once it has closed its outputs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -590,26 +593,44 @@ static int spawn_mode(int nargs, char **args) {
   argv[argc++] = args[1];
   for (long i = 3 + nenv; i < nargs; i++) argv[argc++] = args[i];
   argv[argc] = NULL;
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) return fprintf(stderr, "spawn: pipe: %s\n", strerror(errno)), 125;
+  /* The relay ends with the serving process (a serving process that dies, or is ended for a
+     request's bound), and the program with the relay until it answers. */
+  pid_t serving = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) return fprintf(stderr, "spawn: prctl PR_SET_PDEATHSIG: %s\n", strerror(errno)), 125;
+  if (getppid() != serving) return 125; /* the serving process is gone already: nobody wants it */
+  /* out, err: the program's stdout and stderr; failed: written (then closed by exec) only when
+     the program could not be run, so its status is waited for rather than guessed. */
+  int out[2], err[2], failed[2];
+  if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(failed, O_CLOEXEC) < 0)
+    return fprintf(stderr, "spawn: pipe: %s\n", strerror(errno)), 125;
   pid_t relay = getpid();
   pid_t pid = fork();
   if (pid < 0) return fprintf(stderr, "spawn: fork: %s\n", strerror(errno)), 125;
   if (pid == 0) {
+    const char *what = "";
+    int code = 125;
     /* Ended with this relay until it answers; then it is on its own. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) fprintf(stderr, "spawn: prctl PR_SET_PDEATHSIG: %s\n", strerror(errno)), _exit(125);
-    if (getppid() != relay) _exit(125); /* the relay is gone already: nobody wants it */
-    if (setsid() < 0) fprintf(stderr, "spawn: setsid: %s\n", strerror(errno)), _exit(125);
-    if (chdir("/") < 0) fprintf(stderr, "spawn: chdir /: %s\n", strerror(errno)), _exit(125);
-    if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) fprintf(stderr, "spawn: dup2: %s\n", strerror(errno)), _exit(125);
-    sigset_t none;
-    if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0 || set_signals((const int[]){SIGPIPE, 0}, SIG_DFL) < 0)
-      fprintf(stderr, "spawn: reset signals: %s\n", strerror(errno)), _exit(125);
-    execve(args[1], argv, envp);
-    fprintf(stderr, "cannot run %s: %s\n", args[1], strerror(errno));
-    _exit(127);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) what = "prctl PR_SET_PDEATHSIG";
+    else if (getppid() != relay) _exit(125); /* the relay is gone already: nobody wants it */
+    else if (setsid() < 0) what = "setsid";
+    else if (chdir("/") < 0) what = "chdir /";
+    else if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) what = "dup2";
+    else {
+      sigset_t none;
+      if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0 || set_signals((const int[]){SIGPIPE, 0}, SIG_DFL) < 0) {
+        what = "reset signals";
+      } else {
+        execve(args[1], argv, envp);
+        code = 127;
+      }
+    }
+    int saved = errno;
+    if (code == 127) fprintf(stderr, "cannot run %s: %s\n", args[1], strerror(saved));
+    else fprintf(stderr, "spawn: %s: %s\n", what, strerror(saved));
+    if (write(failed[1], "x", 1) < 0) { /* the relay is gone: nobody to tell */ }
+    _exit(code);
   }
-  if (close(out[1]) < 0 || close(err[1]) < 0) return fprintf(stderr, "spawn: close: %s\n", strerror(errno)), 125;
+  if (close(out[1]) < 0 || close(err[1]) < 0 || close(failed[1]) < 0) return fprintf(stderr, "spawn: close: %s\n", strerror(errno)), 125;
   struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   int open_fds = 2;
   while (open_fds > 0) {
@@ -627,13 +648,19 @@ static int spawn_mode(int nargs, char **args) {
       }
     }
   }
-  /* Its outputs are closed: ended (a failure, told on them), or running on. */
+  /* Its outputs are closed. Not run at all: its status is waited for. Run: it answered, and
+     runs on (or has ended since, which its exit file, not this status, tells). */
+  char byte;
+  ssize_t n;
+  do n = read(failed[0], &byte, 1);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return fprintf(stderr, "spawn: read: %s\n", strerror(errno)), 125;
+  if (close(failed[0]) < 0) return fprintf(stderr, "spawn: close: %s\n", strerror(errno)), 125;
+  if (n == 0) return 0;
   int status;
-  pid_t w;
-  do w = waitpid(pid, &status, WNOHANG);
-  while (w < 0 && errno == EINTR);
-  if (w < 0) return fprintf(stderr, "spawn: waitpid %d: %s\n", (int)pid, strerror(errno)), 125;
-  if (w == 0) return 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return fprintf(stderr, "spawn: waitpid %d: %s\n", (int)pid, strerror(errno)), 125;
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -648,6 +675,8 @@ static int serve_one(char **args, int nargs) {
   if (pid == 0) {
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) _exit(125);
+    /* The serving process's ends, and the copies: the request's child keeps only 0, 1 and 2. */
+    if (close(out[0]) < 0 || close(err[0]) < 0 || close(out[1]) < 0 || close(err[1]) < 0 || close(null) < 0) _exit(125);
     char *argv[SERVE_MAX_ARGS + 2];
     argv[0] = "tsbox-shim";
     for (int i = 0; i < nargs; i++) argv[i + 1] = args[i];

@@ -35,9 +35,10 @@ export interface CgroupManager {
    */
   remove(path: string, bound: Bound): Promise<void>;
   /**
-   * Removes the sandbox's own directories when they hold no process and no cgroup below (what
-   * a sandbox that exited leaves): true when none is left. False, and nothing else done, when
-   * one is busy: kill and remove then do the whole work.
+   * Removes the sandbox's own directories that hold no process and no cgroup below (what a
+   * sandbox that exited leaves): true when none is left. False when one is busy (the others,
+   * empty, are gone): kill and remove then end what is left, and take a directory already gone
+   * as removed.
    */
   removeIfEmpty(path: string): Promise<boolean>;
   /** The statistics as an Any of io.containerd.cgroups.v1.Metrics or v2.Metrics. */

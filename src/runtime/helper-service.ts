@@ -94,13 +94,24 @@ function runOnce(path: string, args: readonly string[], { timeoutMs, signal }: H
 
 /**
  * How many serving processes run side by side: a mount that hangs holds one, not every pod's;
- * the starts of four containers at once (a holder holds its process until runc create is
- * done) leave none of the pods' mounts waiting.
+ * starts (a holder holds its process until its runc create is done) take at most all but one
+ * (tryRun), so the pods' mounts do not wait behind three containers' starts.
  */
 export const HELPER_SERVERS = 4;
 
 /** How long a request ended by its bound waits for its own child to be gone before it fails. */
 const KILL_WAIT_MS = 2000;
+
+/** What one request to `tsbox-shim serve` may carry (its SERVE_MAX_ARGS and SERVE_MAX_BYTES). */
+const SERVE_MAX_ARGS = 4096;
+const SERVE_MAX_BYTES = 4 << 20;
+
+function withinServeBounds(args: readonly string[]): boolean {
+  if (args.length > SERVE_MAX_ARGS) return false;
+  let bytes = 0;
+  for (const a of args) bytes += Buffer.byteLength(a) + 1;
+  return bytes <= SERVE_MAX_BYTES;
+}
 
 /** The answer's header: "<status> <stdout bytes> <stderr bytes>\n". */
 const HEADER = /^(\d{1,3}) (\d{1,10}) (\d{1,10})\n/;
@@ -162,6 +173,9 @@ export class HelperService {
     if (args.length === 0 || args.some((a) => a.includes('\0'))) {
       return Promise.reject(new TsboxError('InvalidArgument', 'a helper request needs a mode, and no argument may contain a NUL byte'));
     }
+    if (!withinServeBounds(args)) {
+      return Promise.reject(new TsboxError('InvalidArgument', `a helper request takes at most ${SERVE_MAX_ARGS} arguments and ${SERVE_MAX_BYTES} bytes; this one has ${args.length}`));
+    }
     if (this.#closed) return Promise.reject(new TsboxError('Unavailable', 'tsbox has stopped: no more mounts'));
     const { signal, timeoutMs } = options;
     if (signal?.aborted) return Promise.reject(abortError(signal));
@@ -184,12 +198,15 @@ export class HelperService {
 
   /**
    * As run(), but only when a serving process is free at once (they are started when none
-   * runs); undefined when every one is busy: the caller does the work another way rather than
-   * wait behind requests that may take long (a spawned holder's runc create).
+   * runs) and another stays free for run(); undefined otherwise, or for a request past what a
+   * serving process takes: the caller does the work another way rather than wait behind
+   * requests that may take long (a spawned holder's runc create) or take the mounts' place.
    */
   tryRun(args: readonly string[], options: HelperRunOptions): Promise<HelperResult> | undefined {
-    if (this.#closing || this.#closed || this.#waiting.length > 0) return undefined;
-    if (this.#servers.size >= HELPER_SERVERS && [...this.#servers].every((s) => s.job !== undefined)) return undefined;
+    if (this.#closing || this.#closed || this.#waiting.length > 0 || !withinServeBounds(args)) return undefined;
+    // One process is always left to run(): mounts never wait behind the starts.
+    const free = HELPER_SERVERS - [...this.#servers].filter((s) => s.job !== undefined).length;
+    if (free < 2) return undefined;
     return this.run(args, options);
   }
 

@@ -364,9 +364,9 @@ export class ProcessBackend implements RuntimeBackend {
       // read it, also when the sandbox ended before its start time could be read.
       child.once('exit', () => void this.#collect(watched));
       if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
-    } else if (shimStart === undefined) {
-      // Not tsbox's child: its exit notice, or the poll of supervisors, tells its end; one
-      // that ended before its start time could be read is looked at now.
+    } else {
+      // Not tsbox's child: its exit notice, or the poll of supervisors, tells its end. A notice
+      // that came before it was watched went unheard: the exit file is looked at now.
       void this.#collect(watched);
     }
     const ms = (x: number): number => Math.round(x * 10) / 10;

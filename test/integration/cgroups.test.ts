@@ -62,6 +62,19 @@ describe('cgroups: removeIfEmpty', () => {
     for (const d of dirs) assert.equal(existsSync(d), false, `${d} is gone`);
   });
 
+  test('a cgroup busy in one hierarchy only: the empty ones go, the busy one stays (false), and remove then ends it', async () => {
+    const { path, dirs } = await fresh('partly');
+    const [busy, ...empty] = dirs as [string, ...string[]];
+    mkdirSync(`${busy}/below`);
+    assert.equal(await cgroups.removeIfEmpty(path), false);
+    assert.equal(existsSync(`${busy}/below`), true, `${busy}/below is still there`);
+    for (const d of empty) assert.equal(existsSync(d), false, `${d} (empty) is gone`);
+    const bound = boundOf(10_000, new AbortController().signal);
+    await cgroups.kill(path, bound);
+    await cgroups.remove(path, bound);
+    assert.equal(existsSync(busy), false, `${busy} is gone`);
+  });
+
   test('a cgroup with a cgroup below it is left as it was (false)', async () => {
     const { path, dirs } = await fresh('parent');
     for (const d of dirs) mkdirSync(`${d}/below`);

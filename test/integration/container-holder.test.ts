@@ -213,6 +213,9 @@ for (const startedBy of ['tsbox', 'tsbox-shim serve'] as const) describe(`contai
 
   test('an exec has its own holder and exit code; the container keeps running until killed', async () => {
     const holder = await createContainer(options('c4', bundle('c4', ['sleep', '1000'])));
+    const parent = (await processStat(holder.record.holderPid))?.parent;
+    if (starter === undefined) assert.equal(parent, process.pid, 'started by this process');
+    else assert.ok(parent !== undefined && parent !== process.pid && !starter.pids.includes(parent), `started through serve: its parent ${parent} is neither this process nor a serving one`);
     await holder.start();
     const out = fifo('c4-exec-stdout');
     const output = readFifo(out);

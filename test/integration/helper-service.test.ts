@@ -105,7 +105,8 @@ describe('the mount helper kept running', () => {
   /** A stand-in that never answers, with a child of its own, as a mount that hangs would leave one. */
   function stuckServer(name: string): { path: string; childOf: (serving: number) => Promise<number> } {
     const file = path.join(scratch, name);
-    writeFileSync(file, '#!/bin/sh\nsleep 1000 &\necho $! > "$0.tmp.$$"\nmv "$0.tmp.$$" "$0.child.$$"\nexec sleep 1000\n');
+    // It reads its requests and never answers; at the end of its stdin (close) it goes, with its child.
+    writeFileSync(file, '#!/bin/sh\nsleep 1000 &\necho $! > "$0.tmp.$$"\nmv "$0.tmp.$$" "$0.child.$$"\ncat > /dev/null\nkill $!\n');
     chmodSync(file, 0o755);
     // Each serving process names its child in a file of its own (by its pid), written whole.
     const childOf = async (serving: number): Promise<number> => {
@@ -151,8 +152,9 @@ describe('the mount helper kept running', () => {
     queued.abort(new Error('cancelled while waiting'));
     await assert.rejects(waiting, (err: unknown) => isTsboxError(err, 'Cancelled'));
     assert.deepEqual(helper.pids, serving);
+    const ended = held.map((r) => assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled')));
     for (const c of controllers) c.abort(new Error('the call was cancelled'));
-    for (const r of held) await assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled'));
+    await Promise.all(ended);
     for (const pid of children) assert.ok([undefined, 'Z'].includes(procInfo(pid)?.state), `child ${pid} is gone (dead, if not yet reaped) when its request fails`);
     for (const pid of serving) await gone(pid);
   });
@@ -286,19 +288,67 @@ describe('the mount helper kept running', () => {
       await gone(pid);
     });
 
-    test('tryRun takes a free serving process, and says undefined when every one is busy, rather than wait', async () => {
+    test('tryRun takes a free serving process but always leaves one to run(), and says undefined rather than wait', async () => {
       const stuck = stuckServer('stuck-try');
       const helper = service(stuck.path);
-      const controllers = Array.from({ length: HELPER_SERVERS }, () => new AbortController());
-      const held = controllers.map((c) => helper.tryRun(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal }));
-      assert.ok(held.every((r) => r !== undefined), 'a free one for each');
-      await Promise.all(helper.pids.map((pid) => stuck.childOf(pid)));
-      assert.equal(helper.tryRun(['umount', '/y'], { timeoutMs: 60_000 }), undefined, 'all busy');
+      const controllers: AbortController[] = [];
+      const held: Promise<unknown>[] = [];
+      for (;;) {
+        const c = new AbortController();
+        const r = helper.tryRun(['umount', '/x'], { timeoutMs: 60_000, signal: c.signal });
+        if (r === undefined) break;
+        controllers.push(c);
+        held.push(r);
+      }
+      assert.equal(held.length, HELPER_SERVERS - 1, 'all but one taken by tryRun');
+      // The one left serves run() at once (a mount does not wait behind the starts).
+      const last = new AbortController();
+      held.push(helper.run(['umount', '/y'], { timeoutMs: 60_000, signal: last.signal }));
+      controllers.push(last);
+      const children = await Promise.all(helper.pids.map((pid) => stuck.childOf(pid)));
+      assert.equal(children.length, HELPER_SERVERS, 'every serving process took a request');
+      assert.equal(helper.tryRun(['umount', '/z'], { timeoutMs: 60_000 }), undefined, 'all busy');
+      const ended = held.map((r) => assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled')));
       for (const c of controllers) c.abort(new Error('done'));
-      for (const r of held) await assert.rejects(r, (err: unknown) => isTsboxError(err, 'Cancelled'));
+      await Promise.all(ended);
       const again = helper.tryRun(['umount', '/z'], { timeoutMs: 200 });
       assert.ok(again !== undefined, 'free again (new serving processes)');
       await assert.rejects(again, (err: unknown) => isTsboxError(err, 'DeadlineExceeded'));
+    });
+
+    test('a request past what a serving process takes: tryRun says undefined, run() refuses it, and no serving process is lost', async () => {
+      const helper = service();
+      assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
+      const pids = helper.pids;
+      const env = Object.fromEntries(Array.from({ length: 4100 }, (_, i) => [`V${i}`, 'x']));
+      const big = spawnArgs({ path: '/bin/true', args: [], env });
+      assert.equal(helper.tryRun(big, { timeoutMs: 10_000 }), undefined);
+      await assert.rejects(helper.run(big, { timeoutMs: 10_000 }), (err: unknown) => isTsboxError(err, 'InvalidArgument') && /at most 4096 arguments/.test(err.message));
+      const huge = spawnArgs({ path: '/bin/true', args: ['y'.repeat(5 << 20)], env: {} });
+      assert.equal(helper.tryRun(huge, { timeoutMs: 10_000 }), undefined);
+      assert.deepEqual(helper.pids, pids, 'the serving processes are the same');
+      assert.equal((await helper.run(['umount', path.join(scratch, 'x')], { timeoutMs: 10_000 })).status, 0);
+    });
+
+    test('a serving process that dies during a spawn takes the program that has not answered with it', async () => {
+      const helper = service();
+      const pidFile = path.join(scratch, 'orphaned.pid');
+      const request = helper.run(spawnArgs({ path: '/bin/sh', args: ['-c', `echo $$ > ${pidFile}.tmp && mv ${pidFile}.tmp ${pidFile} && exec /bin/sleep 1000`], env: {} }), { timeoutMs: 60_000 });
+      let pid: number | undefined;
+      while (pid === undefined) {
+        try {
+          pid = Number(readFileSync(pidFile, 'utf8'));
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+          await new Promise((r) => setTimeout(r, 5));
+        }
+      }
+      started.push(pid);
+      const serving = helper.pids.find((p) => childrenOf(p).length > 0);
+      assert.ok(serving !== undefined, 'one serving process has the request');
+      process.kill(serving, 'SIGKILL');
+      await assert.rejects(request, (err: unknown) => isTsboxError(err, 'Internal') && /ended \(SIGKILL\)/.test(err.message));
+      await gone(pid);
     });
   });
 });
