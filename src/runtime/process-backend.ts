@@ -442,14 +442,10 @@ export class ProcessBackend implements RuntimeBackend {
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
     // Independent of one another, side by side; all settle before a failure is told.
-    await allOrFirstError([
-      this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id) ?? Promise.resolve(),
-      (async () => {
-        await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
-        await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
-      })(),
-      podFiles?.remove(spec.id) ?? Promise.resolve(),
-    ]);
+    await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
+    await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
+    await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
+    await podFiles?.remove(spec.id);
   }
 
   async updateResources(spec: LaunchSpec, sandbox: RunningSandbox, limits: Resources): Promise<void> {
