@@ -194,7 +194,10 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     if (watched.child || !(await isSameProcess(watched.handle.shimPid, watched.handle.shimStart))) {
-      await this.#supervisorLost(watched);
+      // It writes the exit before it ends: one written since the read above is there now.
+      const late = await this.#readExit(watched.dir);
+      if (late !== undefined) this.#finish(watched, late);
+      else await this.#supervisorLost(watched);
     }
   }
 
