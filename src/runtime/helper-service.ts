@@ -29,8 +29,10 @@ export interface SpawnRequest {
  * The request that has a serving process start a program that goes on running (a container's
  * holder, a sandbox's supervisor): its answer is what the program wrote on stdout and stderr
  * until it closed both, and the program runs on in a session of its own. Until then it ends
- * with the request (PR_SET_PDEATHSIG), so a request ended for its bound leaves nothing half
- * started; tsbox-ctr and tsbox-shim take that back just before they answer.
+ * with the request (PR_SET_PDEATHSIG), so a request ended for its bound, or a serving process
+ * that dies, takes an unanswered program with it (what that program started is its caller's to
+ * end: runc dies with a holder, a sandbox goes with its cgroup); tsbox-ctr and tsbox-shim take
+ * that back just before they answer.
  */
 export function spawnArgs(request: SpawnRequest): string[] {
   const env = Object.entries(request.env)
