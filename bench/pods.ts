@@ -26,7 +26,7 @@ import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { PodSandboxConfig } from '../test/support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
+import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv, taskFrontPid } from '../test/support/pod-env.js';
 
 const { values } = parseArgs({
   options: {
@@ -138,14 +138,6 @@ function holdersOf(container: string): number[] {
   return out;
 }
 
-/** The task front's pid for this tsbox, 0 when none runs. */
-function frontPid(env: PodEnv): number {
-  try {
-    return Number(readFileSync(`${env.tsbox.stateDir}/task-front.pid`, 'utf8').trim());
-  } catch {
-    return 0; // no front started
-  }
-}
 
 /** The processes of a running pod, found from the host: its cgroup tree, its runc shim or its containers' holders. */
 function podProcesses(env: PodEnv, pod: Pod): number[] {
@@ -174,7 +166,7 @@ interface MemoryFigures {
 async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigures> {
   const tsboxPid = env.tsbox.pid ?? 0;
   const containerdPid = env.containerd.pid ?? 0;
-  const front = frontPid(env);
+  const front = taskFrontPid(env);
   await settle();
   const before = { tsbox: pssKiB(tsboxPid) + pssKiB(front), containerd: pssKiB(containerdPid) };
   const pods: Pod[] = [];
@@ -232,7 +224,7 @@ interface ScaleFigures {
 
 /** Every process that grows with a handler's pods, and the daemons, in KiB of PSS. */
 function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
-  const pids = new Set<number>([env.tsbox.pid ?? 0, frontPid(env), env.containerd.pid ?? 0]);
+  const pids = new Set<number>([env.tsbox.pid ?? 0, taskFrontPid(env), env.containerd.pid ?? 0]);
   for (const pod of pods) for (const pid of podProcesses(env, pod)) pids.add(pid);
   let kib = 0;
   for (const pid of pids) if (pid > 0) kib += pssKiB(pid);
@@ -241,8 +233,8 @@ function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
 
 async function measureScale(env: PodEnv, handler: Handler): Promise<ScaleFigures> {
   const daemonNow = (): { pssKiB: number; fds: number } => ({
-    pssKiB: pssKiB(env.tsbox.pid ?? 0) + pssKiB(frontPid(env)),
-    fds: fdCount(env.tsbox.pid ?? 0) + fdCount(frontPid(env)),
+    pssKiB: pssKiB(env.tsbox.pid ?? 0) + pssKiB(taskFrontPid(env)),
+    fds: fdCount(env.tsbox.pid ?? 0) + fdCount(taskFrontPid(env)),
   });
   const figures: ScaleFigures = { memory: [], fds: [], daemon: [] };
   await settle();

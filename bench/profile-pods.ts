@@ -13,7 +13,7 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
-import { TSBOX_TASK_HANDLER, startPodEnv } from '../test/support/pod-env.js';
+import { TSBOX_TASK_HANDLER, startPodEnv, taskFrontPid } from '../test/support/pod-env.js';
 
 const { values } = parseArgs({ options: { pods: { type: 'string', default: '20' }, handler: { type: 'string', default: TSBOX_TASK_HANDLER } } });
 const PODS = Number(values.pods);
@@ -43,14 +43,7 @@ async function main(): Promise<void> {
   const env = await startPodEnv({ tsboxLogLevel: 'debug', containerdLogLevel: 'warn' });
   const steps: Record<string, number[]> = {};
   const add = (k: string, v: number): void => void (steps[k] ??= []).push(v);
-  const frontPid = (): number => {
-    try {
-      return Number(readFileSync(`${env.tsbox.stateDir}/task-front.pid`, 'utf8').trim());
-    } catch {
-      return 0; // no front runs
-    }
-  };
-  const cpuNow = (): Record<string, number> => ({ tsbox: cpuMs(env.tsbox.pid ?? 0), front: cpuMs(frontPid()), containerd: cpuMs(env.containerd.pid ?? 0), machine: machineBusyMs() });
+  const cpuNow = (): Record<string, number> => ({ tsbox: cpuMs(env.tsbox.pid ?? 0), front: cpuMs(taskFrontPid(env)), containerd: cpuMs(env.containerd.pid ?? 0), machine: machineBusyMs() });
   const cpu: Record<string, number> = {};
   const addCpu = (phase: string, from: Record<string, number>, to: Record<string, number>): void => {
     for (const [k, v] of Object.entries(to)) cpu[`${phase} ${k}`] = (cpu[`${phase} ${k}`] ?? 0) + v - (from[k] ?? 0);

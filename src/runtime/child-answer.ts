@@ -59,3 +59,12 @@ export function readChildAnswer(child: ChildProcess, options: ChildAnswerOptions
     });
   });
 }
+
+/** What a started program answered: its first line, or what it wrote instead (for the caller's message). */
+export type ProgramAnswer = { readonly line: string } | { readonly said: string };
+
+/** A ChildAnswer as a ProgramAnswer: the line, or what it wrote and how it ended. */
+export function programAnswerOf(answer: ChildAnswer): ProgramAnswer {
+  if (answer.kind === 'line') return { line: answer.line };
+  return { said: `${answer.partial}${answer.stderr === '' ? '' : ` ${answer.stderr}`} (it exited: ${answer.exit})`.trim() };
+}

@@ -5,9 +5,9 @@ import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, errnoOf, isTsboxError, messageOf, readIfPresent } from '../errors.js';
-import { readChildAnswer } from './child-answer.js';
-import { type HelperService, spawnArgs, spawnedAnswer } from './helper-service.js';
+import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
+import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
+import { type HelperService, spawnThrough } from './helper-service.js';
 import { parseExitFile } from './process-backend.js';
 import { isSameProcess, signalGroup, untilGone } from './proc.js';
 
@@ -161,24 +161,27 @@ function holderTimeout(io: HolderIo, what: string): TsboxError {
   return new TsboxError('DeadlineExceeded', `cannot ${what}: its holder did not answer within ${io.timeoutMs} ms`);
 }
 
-/** The holder started by a serving process of io.starter; undefined when none is free. */
-async function startThroughService(io: HolderIo, args: string[], what: string): Promise<{ line: string } | { said: string } | undefined> {
-  const request = spawnArgs({ path: io.holderPath, args, env: process.env });
-  const started = io.starter?.tryRun(request, { timeoutMs: io.timeoutMs, ...(io.signal === undefined ? {} : { signal: io.signal }) });
+/** The holder started by a serving process of io.starter; undefined when none may take it. */
+async function startThroughService(io: HolderIo, args: string[], what: string): Promise<ProgramAnswer | undefined> {
+  const started = spawnThrough(
+    io.starter,
+    { path: io.holderPath, args, env: process.env },
+    { timeoutMs: io.timeoutMs, ...(io.signal === undefined ? {} : { signal: io.signal }), timeoutError: () => holderTimeout(io, what) },
+  );
   if (started === undefined) return undefined;
   try {
-    return spawnedAnswer(await started);
+    return await started;
   } catch (err) {
     // The request's end ended a holder that had not answered (and runc with it); one that
     // answered meanwhile is found by the record it writes first, and ended.
     const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresent(join(io.dir, 'holder'))) ?? '');
     if (early !== null) await endWorkingHolder(Number(early[1]), early[2] as string, HOLDER_KILL_WAIT_MS);
-    throw isTsboxError(err, 'DeadlineExceeded') ? holderTimeout(io, what) : err;
+    throw err;
   }
 }
 
 /** The holder started by tsbox itself (a fork of tsbox's process). */
-async function startFromTsbox(io: HolderIo, args: string[], what: string): Promise<{ line: string } | { said: string }> {
+async function startFromTsbox(io: HolderIo, args: string[], what: string): Promise<ProgramAnswer> {
   const child = spawn(io.holderPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   let answer;
   try {
@@ -194,8 +197,7 @@ async function startFromTsbox(io: HolderIo, args: string[], what: string): Promi
     throw err;
   }
   child.unref();
-  if (answer.kind === 'line') return { line: answer.line };
-  return { said: `${answer.partial} ${answer.stderr} (it exited: ${answer.exit})`.trim() };
+  return programAnswerOf(answer);
 }
 
 /** What findContainerHolder found in a holder's directory. */

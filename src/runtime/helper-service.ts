@@ -1,8 +1,9 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import type { Logger } from 'pino';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, messageOf } from '../errors.js';
+import { TsboxError, abortError, isTsboxError, messageOf } from '../errors.js';
 import { boundOf, pollUntil } from './bound.js';
+import type { ProgramAnswer } from './child-answer.js';
 import { signalGroup } from './proc.js';
 
 /**
@@ -42,11 +43,27 @@ export function spawnArgs(request: SpawnRequest): string[] {
 }
 
 /** The first line of a spawned program's answer, or what it said instead when it wrote none. */
-export function spawnedAnswer(result: HelperResult): { readonly line: string } | { readonly said: string } {
+export function spawnedAnswer(result: HelperResult): ProgramAnswer {
   const newline = result.stdout.indexOf('\n');
   if (newline >= 0) return { line: result.stdout.slice(0, newline) };
   const said = `${result.stdout}${result.stderr === '' ? '' : ` ${result.stderr}`}`.trim();
   return { said: `${said === '' ? 'no answer' : said} (status ${result.status})` };
+}
+
+/**
+ * Starts a program through a serving process of `service` when one may take it (tryRun), and
+ * resolves with its answer; undefined when none may (the caller then starts it itself). A
+ * request ended by its bound fails with `timeoutError()`, the caller's own words for it.
+ */
+export function spawnThrough(
+  service: HelperService | undefined,
+  request: SpawnRequest,
+  options: HelperRunOptions & { readonly timeoutError: () => Error },
+): Promise<ProgramAnswer> | undefined {
+  const started = service?.tryRun(spawnArgs(request), { timeoutMs: options.timeoutMs, ...(options.signal === undefined ? {} : { signal: options.signal }) });
+  return started?.then(spawnedAnswer, (err: unknown) => {
+    throw isTsboxError(err, 'DeadlineExceeded') ? options.timeoutError() : err;
+  });
 }
 
 /** What one helper run said. */

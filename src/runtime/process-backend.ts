@@ -17,12 +17,12 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, isTsboxError, messageOf, readIfPresent } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
-import { readChildAnswer } from './child-answer.js';
-import { type HelperService, spawnArgs, spawnedAnswer } from './helper-service.js';
+import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
+import { type HelperService, spawnThrough } from './helper-service.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
 import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
@@ -318,18 +318,10 @@ export class ProcessBackend implements RuntimeBackend {
       t1 = performance.now();
       // Started by a serving process when one is free (no fork of tsbox); one that must wait
       // for systemd's scope (--hold) is tsbox's own child.
-      const started = slice === undefined ? this.#opts.starter?.tryRun(spawnArgs({ path: shimPath, args, env }), { timeoutMs: this.#opts.startTimeoutMs, signal }) : undefined;
-      if (started !== undefined) child = undefined;
-      else child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
-      const replied =
-        started === undefined
-          ? readReply(child as ChildProcess, this.#opts.startTimeoutMs, signal)
-          : started.then(
-              (result) => replyOf(spawnedAnswer(result)),
-              (err: unknown) => {
-                throw isTsboxError(err, 'DeadlineExceeded') ? supervisorTimeout(this.#opts.startTimeoutMs) : err;
-              },
-            );
+      const timeoutMs = this.#opts.startTimeoutMs;
+      const started = slice === undefined ? spawnThrough(this.#opts.starter, { path: shimPath, args, env }, { timeoutMs, signal, timeoutError: () => supervisorTimeout(timeoutMs) }) : undefined;
+      if (started === undefined) child = spawn(shimPath, args, { detached: true, stdio: [slice === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env, cwd: '/' });
+      const replied = started === undefined ? readReply(child as ChildProcess, timeoutMs, signal) : started.then(replyOf);
       if (slice !== undefined && child !== undefined) {
         await this.#enterScope(child, spec, slice, limits).catch((err: unknown) => {
           replied.catch(ignoreError('the start failed before the supervisor was let go; its answer says only that'));
@@ -444,7 +436,6 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
-    // Independent of one another, side by side; all settle before a failure is told.
     await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
     await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
     await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
@@ -619,16 +610,13 @@ export class ProcessBackend implements RuntimeBackend {
     const { cgroups } = this.#opts;
     // What an exited sandbox usually leaves: an empty cgroup, removed at once (rmdir fails
     // with EBUSY on one that still holds a process or a cgroup below, which then goes the long way).
-    const emptyGone = cgroups !== undefined && sliceOf(spec.pod?.cgroupParent) === undefined && (await cgroups.removeIfEmpty(this.#cgroupPath(spec)));
-    if (emptyGone) {
-      // Nothing of the sandbox's is left in it: no process to end, no directory to remove.
-    } else if (cgroups !== undefined) {
+    const path = this.#cgroupPath(spec);
+    const emptyGone = cgroups !== undefined && sliceOf(spec.pod?.cgroupParent) === undefined && (await cgroups.removeIfEmpty(path));
+    if (!emptyGone) {
       // Whatever the sandbox left in its cgroup (a child that left its process group) goes too.
-      const bound = this.#bound(signal);
-      const path = this.#cgroupPath(spec);
-      await this.#endCgroup(`${spec.namespace}/${spec.id}`, path, bound);
+      if (cgroups !== undefined) await this.#endCgroup(`${spec.namespace}/${spec.id}`, path, this.#bound(signal));
+      await this.#removeCgroup(spec, this.#bound(signal));
     }
-    if (!emptyGone) await this.#removeCgroup(spec, this.#bound(signal));
     await unlink(this.#opts.layout.exitNotice(spec.namespace, spec.id)).catch(
       ignoreError('usually absent; a leftover notice only makes tsbox look at the exit file again'),
     );
@@ -672,8 +660,7 @@ async function readReply(child: ChildProcess, timeoutMs: number, signal: CallSig
     signal,
     abortError,
   });
-  if (answer.kind === 'line') return replyOf({ line: answer.line });
-  return replyOf({ said: `${answer.partial}${answer.stderr === '' ? '' : ` ${answer.stderr}`} (it exited: ${answer.exit})`.trim() || 'no answer' });
+  return replyOf(programAnswerOf(answer));
 }
 
 function supervisorTimeout(timeoutMs: number): TsboxError {
@@ -681,7 +668,7 @@ function supervisorTimeout(timeoutMs: number): TsboxError {
 }
 
 /** The supervisor's answer: its two pids, or the error it (or what it wrote instead) says. */
-function replyOf(said: { readonly line: string } | { readonly said: string }): { shimPid: number; pid: number } {
+function replyOf(said: ProgramAnswer): { shimPid: number; pid: number } {
   const line = 'line' in said ? said.line : '';
   const ok = /^ok (\d+) (\d+)$/.exec(line);
   if (ok !== null) return { shimPid: Number(ok[1]), pid: Number(ok[2]) };

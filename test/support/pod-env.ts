@@ -460,3 +460,12 @@ export function usePodEnv(
     },
   };
 }
+
+/** The pid of tsbox's task front, 0 when none runs (its pid file is absent). */
+export function taskFrontPid(env: PodEnv): number {
+  try {
+    return Number(readFileSync(path.join(env.tsbox.stateDir, 'task-front.pid'), 'utf8').trim());
+  } catch {
+    return 0; // no front started
+  }
+}
