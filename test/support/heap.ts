@@ -35,6 +35,8 @@ export interface HeapCensus {
  */
 const UNCOUNTED = new Set(['code', 'hidden', 'synthetic', 'object shape']);
 const STRING_TYPES = new Set(['string', 'concatenated string', 'sliced string']);
+/** The synthetic root of V8's string table in a heap snapshot. */
+const STRING_TABLE = '(Internalized strings)';
 
 interface Snapshot {
   snapshot: { meta: { node_fields: string[]; node_types: [string[], ...unknown[]]; edge_fields: string[]; edge_types: [string[], ...unknown[]] } };
@@ -85,8 +87,12 @@ function firstEdges(snap: Snapshot): Uint32Array {
 
 /**
  * The objects the program holds: reachable from the snapshot's root by strong edges without
- * passing through V8's compiled code and its feedback, whose allocation sites keep the first
- * object made at each site (a bounded set that grows as more code warms up, not with the pods).
+ * passing through V8's own bookkeeping, which grows as more code warms up, not with the pods:
+ * compiled code and its feedback (whose allocation sites keep the first object made at each
+ * site), object shapes (the property names of every hidden class made so far) and the string
+ * table ("(Internalized strings)": every name and literal the code has met, lazily compiled
+ * functions adding theirs when they first run). What the program keeps is still counted: its
+ * objects are reached from its own, and a string it holds is too.
  */
 function heldByProgram(snap: Snapshot): Uint8Array {
   const fields = snap.snapshot.meta.node_fields;
@@ -98,6 +104,9 @@ function heldByProgram(snap: Snapshot): Uint8Array {
   const [edgeTypeAt, toAt] = ['type', 'to_node'].map((f) => snap.snapshot.meta.edge_fields.indexOf(f)) as [number, number];
   const weak = edgeTypes.indexOf('weak');
   const code = types.indexOf('code');
+  const synthetic = types.indexOf('synthetic');
+  const shape = types.indexOf('object shape');
+  const nameAt = fields.indexOf('name');
   const count = snap.nodes.length / stride;
   const firstEdge = firstEdges(snap);
   const held = new Uint8Array(count);
@@ -105,7 +114,9 @@ function heldByProgram(snap: Snapshot): Uint8Array {
   held[0] = 1;
   while (queue.length > 0) {
     const n = queue.pop() as number;
-    if (snap.nodes[n * stride + typeAt] === code) continue;
+    const type = snap.nodes[n * stride + typeAt];
+    if (type === code || type === shape) continue;
+    if (type === synthetic && snap.strings[snap.nodes[n * stride + nameAt] as number] === STRING_TABLE) continue;
     for (let e = firstEdge[n] as number; e < (firstEdge[n + 1] as number); e += edgeStride) {
       if (snap.edges[e + edgeTypeAt] === weak) continue;
       const to = (snap.edges[e + toAt] as number) / stride;
