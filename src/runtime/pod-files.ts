@@ -108,11 +108,13 @@ export class PodFiles {
   /** Shutdown: all of the above, then both directories, if tsbox made them. Idempotent. */
   async remove(id: string): Promise<void> {
     await this.unmount(id);
-    for (const dir of [this.stateDir(id), this.rootDir(id)]) {
-      if (!(await isOurs(dir))) continue;
-      // /dev/shm was unmounted above (unmount throws otherwise), so only tsbox's own files remain.
-      await rm(dir, { recursive: true, force: true });
-    }
+    // The two directories side by side; all settle before a failure is told. /dev/shm was
+    // unmounted above (unmount throws otherwise), so only tsbox's own files remain in them.
+    await allOrFirstError(
+      [this.stateDir(id), this.rootDir(id)].map(async (dir) => {
+        if (await isOurs(dir)) await rm(dir, { recursive: true, force: true });
+      }),
+    );
   }
 
   async #mountHelper(args: string[]): Promise<void> {

@@ -1,4 +1,4 @@
-import { readFile, rm, stat } from 'node:fs/promises';
+import { readFile, readdir, rm, rmdir, stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
@@ -51,15 +51,51 @@ export async function deleteStoppedContainer(options: {
   ) {
     return 'runc';
   }
-  const pidNamespace = config.namespaces?.find((n) => n.type === 'NEWPID');
-  if (pidNamespace === undefined || pidNamespace.path !== '') {
-    // Its processes outlive its init: runc kills them through the cgroup, and so does this.
-    await options.kill(config.cgroups.path, options.bound);
-  }
-  // One directory per hierarchy (a dozen on cgroup v1), side by side; all settle before a failure is told.
-  await allOrFirstError([...new Set(Object.values(cgroupPaths))].map((path) => removeTree(path, options.bound)));
-  await rm(dir, { recursive: true, force: true });
+  const dirs = [...new Set(Object.values(cgroupPaths))];
+  const kill = options.kill;
+  const cgroupPath = config.cgroups.path;
+  const removeCgroups = async (): Promise<void> => {
+    // Emptied already, as a container's holder leaves it (it ends every process of the cgroup
+    // before it writes the exit): one rmdir per hierarchy (a dozen on cgroup v1), side by side.
+    if (await removedAll(dirs)) return;
+    const pidNamespace = config.namespaces?.find((n) => n.type === 'NEWPID');
+    if (pidNamespace === undefined || pidNamespace.path !== '') {
+      // Its processes outlive its init: runc kills them through the cgroup, and so does this.
+      await kill(cgroupPath, options.bound);
+    }
+    // Whatever is left (cgroups below, processes still ending); all settle before a failure is told.
+    await allOrFirstError(dirs.map((path) => removeTree(path, options.bound)));
+  };
+  // runc's state goes once the cgroups have: a failure leaves it for the next Delete to read.
+  await removeCgroups();
+  await removeStateDir(dir);
   return 'deleted';
+}
+
+/** rmdir of each directory, side by side: true when all are gone; false (nothing thrown) when one is not. */
+async function removedAll(dirs: readonly string[]): Promise<boolean> {
+  const results = await Promise.allSettled(dirs.map((d) => rmdir(d)));
+  return results.every((r) => r.status === 'fulfilled' || isGone(r.reason));
+}
+
+/**
+ * runc's state directory of a stopped container: its files (state.json; exec.fifo is gone once
+ * started) unlinked side by side, then the directory; anything else in it, recursively.
+ */
+async function removeStateDir(dir: string): Promise<void> {
+  let entries;
+  try {
+    entries = await readdir(dir, { withFileTypes: true });
+  } catch (err) {
+    if (isGone(err)) return;
+    throw err;
+  }
+  await allOrFirstError(entries.map((e) => (e.isDirectory() ? rm(join(dir, e.name), { recursive: true, force: true }) : unlink(join(dir, e.name)).catch(ignoreGone))));
+  await rmdir(dir).catch(ignoreGone);
+}
+
+function ignoreGone(err: unknown): void {
+  if (!isGone(err)) throw err;
 }
 
 /** The parts of runc's `state.json` (runc 1.1's libcontainer State) this reads. */

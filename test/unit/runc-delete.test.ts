@@ -21,11 +21,11 @@ function ownStart(): number {
 }
 
 /** A runc root with one container's state, its "cgroups" (with a child) made; overrides merged in. */
-function container(overrides: { state?: Record<string, unknown>; config?: Record<string, unknown>; cgroups?: Record<string, unknown> } = {}) {
+function container(overrides: { state?: Record<string, unknown>; config?: Record<string, unknown>; cgroups?: Record<string, unknown>; empty?: boolean } = {}) {
   const root = path.join(work, `root${++n}`);
   const id = `c${n}`;
   const cgroupPaths = { memory: path.join(work, `memory${n}`, id), pids: path.join(work, `pids${n}`, id), '': path.join(work, `unified${n}`, id) };
-  for (const dir of Object.values(cgroupPaths)) mkdirSync(path.join(dir, 'child'), { recursive: true });
+  for (const dir of Object.values(cgroupPaths)) mkdirSync(overrides.empty === true ? dir : path.join(dir, 'child'), { recursive: true });
   mkdirSync(path.join(root, id), { recursive: true });
   const state = {
     id,
@@ -63,6 +63,31 @@ describe('a stopped container deleted without runc', () => {
     assert.deepEqual(c.killed, [`/k8s.io/${c.id}`]);
     for (const dir of Object.values(c.cgroupPaths)) assert.equal(existsSync(dir), false, `${dir} removed`);
     assert.equal(existsSync(c.dir), false, 'runc\'s state directory removed');
+  });
+
+  test('in the pod\'s pid namespace, its cgroup emptied already (as its holder leaves it): nothing is killed, every cgroup directory and runc\'s state go', async () => {
+    const c = container({ empty: true });
+    assert.equal(await c.del(), 'deleted');
+    assert.deepEqual(c.killed, []);
+    for (const dir of Object.values(c.cgroupPaths)) assert.equal(existsSync(dir), false, `${dir} removed`);
+    assert.equal(existsSync(c.dir), false, 'runc\'s state directory removed');
+  });
+
+  test('a cgroup emptied in one hierarchy but not another: what is left is ended and every directory goes', async () => {
+    const c = container({ empty: true });
+    mkdirSync(path.join(c.cgroupPaths.pids, 'child'));
+    assert.equal(await c.del(), 'deleted');
+    assert.deepEqual(c.killed, [`/k8s.io/${c.id}`]);
+    for (const dir of Object.values(c.cgroupPaths)) assert.equal(existsSync(dir), false, `${dir} removed`);
+    assert.equal(existsSync(c.dir), false);
+  });
+
+  test('runc\'s state directory with more in it than its state (a directory too) goes whole', async () => {
+    const c = container({ empty: true });
+    mkdirSync(path.join(c.dir, 'sub'));
+    writeFileSync(path.join(c.dir, 'sub', 'file'), '');
+    assert.equal(await c.del(), 'deleted');
+    assert.equal(existsSync(c.dir), false);
   });
 
   test('with a pid namespace of its own: the kernel ended the rest with its init, nothing is killed', async () => {
