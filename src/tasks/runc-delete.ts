@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
 import { isSameProcess } from '../runtime/proc.js';
-import { allOrFirstError, isGone } from '../errors.js';
+import { allOrFirstError, isGone, withPath } from '../errors.js';
 
 /**
  * What `runc delete` does to a container whose init has ended, done without running runc:
@@ -52,22 +52,18 @@ export async function deleteStoppedContainer(options: {
     return 'runc';
   }
   const dirs = [...new Set(Object.values(cgroupPaths))];
-  const kill = options.kill;
-  const cgroupPath = config.cgroups.path;
-  const removeCgroups = async (): Promise<void> => {
-    // Emptied already, as a container's holder leaves it (it ends every process of the cgroup
-    // before it writes the exit): one rmdir per hierarchy (a dozen on cgroup v1), side by side.
-    if (await removedAll(dirs)) return;
+  // Emptied already, as a container's holder leaves it (it ends every process of the cgroup
+  // before it writes the exit): one rmdir per hierarchy (a dozen on cgroup v1), side by side.
+  if (!(await removedAll(dirs))) {
     const pidNamespace = config.namespaces?.find((n) => n.type === 'NEWPID');
     if (pidNamespace === undefined || pidNamespace.path !== '') {
       // Its processes outlive its init: runc kills them through the cgroup, and so does this.
-      await kill(cgroupPath, options.bound);
+      await options.kill(config.cgroups.path, options.bound);
     }
     // Whatever is left (cgroups below, processes still ending); all settle before a failure is told.
     await allOrFirstError(dirs.map((path) => removeTree(path, options.bound)));
-  };
-  // runc's state goes once the cgroups have: a failure leaves it for the next Delete to read.
-  await removeCgroups();
+  }
+  // runc's state goes once the cgroups have: a failure above leaves it for the next Delete.
   await removeStateDir(dir);
   return 'deleted';
 }
@@ -88,7 +84,7 @@ async function removeStateDir(dir: string): Promise<void> {
     entries = await readdir(dir, { withFileTypes: true });
   } catch (err) {
     if (isGone(err)) return;
-    throw err;
+    throw withPath(err, dir, 'list');
   }
   await allOrFirstError(entries.map((e) => (e.isDirectory() ? rm(join(dir, e.name), { recursive: true, force: true }) : unlink(join(dir, e.name)).catch(ignoreGone))));
   await rmdir(dir).catch(ignoreGone);
