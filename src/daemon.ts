@@ -107,6 +107,7 @@ async function startTasks(config: Config, logger: Logger, helper: Helper): Promi
     socket: config.taskSocket,
     stateDir: config.stateDir,
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
+    frontPath: join(dirname(config.shimPath), 'tsbox-front'),
     ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
     runcPath: 'runc',
     createTimeoutMs: config.startTimeoutMs,

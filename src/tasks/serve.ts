@@ -1,9 +1,8 @@
 import { spawn } from 'node:child_process';
 import { open, readdir } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../errors.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
@@ -58,6 +57,8 @@ export interface TaskServerOptions {
   readonly socket: string;
   readonly stateDir: string;
   readonly holderPath: string;
+  /** The task front's program (native/tsbox-front.c), started when none answers. */
+  readonly frontPath: string;
   /** Starts holders without a fork of tsbox when one of its processes is free. */
   readonly holderStarter?: HelperService;
   readonly runcPath: string;
@@ -78,7 +79,6 @@ export function frontFiles(stateDir: string): { backend: string; pid: string; lo
   return { backend: join(stateDir, 'task-front.sock'), pid: join(stateDir, 'task-front.pid'), log: join(stateDir, 'task-front.log') };
 }
 
-const FRONT_MAIN = join(dirname(fileURLToPath(import.meta.url)), '..', 'front', 'main.js');
 const FRONT_START_MS = 10_000;
 
 /** A connection to the front's backend socket; undefined when no front answers there. */
@@ -99,18 +99,20 @@ function dialFront(path: string): Promise<Socket | undefined> {
 
 /**
  * A connection to the task front, started first when none answers: the front owns the Task API
- * socket and containerd's connections, and outlives tsbox (src/front/front.ts).
+ * socket and containerd's connections, and outlives tsbox (native/tsbox-front.c).
  */
-async function reachFront(socket: string, stateDir: string, logger: Logger): Promise<Socket> {
+async function reachFront(frontPath: string, socket: string, stateDir: string, logger: Logger): Promise<Socket> {
   const files = frontFiles(stateDir);
   const found = await dialFront(files.backend);
   if (found !== undefined) return found;
   const log = await open(files.log, 'a', 0o600);
   try {
-    const child = spawn(process.execPath, [FRONT_MAIN, '--listen', socket, '--backend', files.backend, '--pid-file', files.pid, '--log-file', files.log], {
+    const child = spawn(frontPath, ['--listen', socket, '--backend', files.backend, '--pid-file', files.pid, '--log-file', files.log], {
       detached: true,
       stdio: ['ignore', log.fd, log.fd],
     });
+    // A program that cannot run (missing, not executable) fails the dial below, with its reason here.
+    child.once('error', (err) => logger.error({ err, path: frontPath }, 'cannot start the task front'));
     child.unref();
     logger.info({ pid: child.pid, socket, log: files.log }, 'task front started');
   } finally {
@@ -155,7 +157,7 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
       while (!closing) {
         options.logger.warn('the connection to the task front closed: reaching it again');
         try {
-          serve(await reachFront(options.socket, options.stateDir, options.logger));
+          serve(await reachFront(options.frontPath, options.socket, options.stateDir, options.logger));
           return;
         } catch (err) {
           options.logger.error({ err }, 'cannot reach the task front');
@@ -164,7 +166,7 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
       }
     });
   };
-  serve(await reachFront(options.socket, options.stateDir, options.logger));
+  serve(await reachFront(options.frontPath, options.socket, options.stateDir, options.logger));
   return {
     tasks,
     close: async (drainMs) => {

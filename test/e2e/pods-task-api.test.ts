@@ -294,7 +294,7 @@ function frontsNow(): number[] {
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes('front/main.js')) fronts.push(Number(entry));
+      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes('bin/tsbox-front\0')) fronts.push(Number(entry));
     } catch {
       continue; // the process ended meanwhile
     }

@@ -1,5 +1,5 @@
 /**
- * Hostile and broken peers on the task socket as the task front owns it (src/front/front.ts),
+ * Hostile and broken peers on the task socket as the task front owns it (native/tsbox-front.c),
  * with a ttrpc server behind the front as tsbox sits behind it (test/support/ttrpc-test-server.ts
  * --front), each in a process of its own: garbage, oversized frames, floods from peers that
  * never read, frames left half-sent, thousands of idle connections. After each, a fresh client is
@@ -14,23 +14,22 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { MAX_FRONT_CONNECTIONS } from '../../src/front/front.js';
 import { TtrpcClient } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
-import { FRONT_CANCEL, FRONT_SERVICE, cancelPayload } from '../../src/ttrpc/front-link.js';
+import { FRONT_CANCEL, FRONT_SERVICE } from '../../src/ttrpc/front-link.js';
+import { MAX_FRONT_CONNECTIONS, cancelPayload, tsboxFront } from '../support/task-front.js';
 import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
-/** The front's RSS bound during every attack; idle it is about 50 MiB. */
+/** The front's RSS bound during every attack; idle it is about 1 MiB. */
 const RSS_BOUND_MIB = 256;
 const FRESH_CALL_MS = 1000;
 const CONNECT_BATCH = 250;
 const MiB = 1024 * 1024;
 
 const support = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support');
-const frontMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'front', 'main.js');
 
 describe('hostile peers on the task front', () => {
   let dir = '';
@@ -61,7 +60,7 @@ describe('hostile peers on the task front', () => {
     socketPath = path.join(dir, 'task.sock');
     backendPath = path.join(dir, 'backend.sock');
     const logPath = path.join(dir, 'front.log');
-    front = await spawnLogged(process.execPath, [frontMain, '--listen', socketPath, '--backend', backendPath, '--log-level', 'warn'], { logPath });
+    front = await spawnLogged(tsboxFront, ['--listen', socketPath, '--backend', backendPath, '--log-level', 'warn'], { logPath });
     await waitForSocket(front, socketPath, { name: 'task front', logTail: () => tailFile(logPath) });
     backend = await startBackend(1);
     longLived = await TtrpcClient.connect(socketPath);

@@ -1,5 +1,5 @@
 /**
- * The task front's log stays small (src/front/log-file.ts): a flood of connections that break
+ * The task front's log stays small (native/tsbox-front.c): a flood of connections that break
  * the protocol, one warning each, makes the log pass its bound; the front keeps a copy of what
  * it held in `<log>.1`, starts the log again from nothing, and goes on serving.
  */
@@ -7,12 +7,11 @@ import assert from 'node:assert/strict';
 import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { openMany } from '../support/raw-socket.js';
+import { tsboxFront } from '../support/task-front.js';
 import { RawTtrpc } from '../support/ttrpc-peer.js';
 
-const frontMain = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'front', 'main.js');
 const MAX_BYTES = 4096;
 
 describe('the task front\'s log', () => {
@@ -31,7 +30,7 @@ describe('the task front\'s log', () => {
   test(`past ${MAX_BYTES} bytes it is kept in <log>.1 and started again; the front goes on serving`, async () => {
     const socketPath = path.join(dir, 'task.sock');
     const logPath = path.join(dir, 'task-front.log');
-    front = await spawnLogged(process.execPath, [frontMain, '--listen', socketPath, '--backend', path.join(dir, 'backend.sock'), '--log-file', logPath, '--log-max-bytes', String(MAX_BYTES), '--log-check-ms', '50'], { logPath });
+    front = await spawnLogged(tsboxFront, ['--listen', socketPath, '--backend', path.join(dir, 'backend.sock'), '--log-file', logPath, '--log-max-bytes', String(MAX_BYTES), '--log-check-ms', '50'], { logPath });
     await waitForSocket(front, socketPath, { name: 'task front', logTail: () => tailFile(logPath) });
     // Each connection sends a frame of an unknown type: one warning line each, about 200 bytes.
     const garbage = Buffer.from([0, 0, 0, 1, 0, 0, 0, 1, 9, 0, 0]);

@@ -1,0 +1,34 @@
+/**
+ * The task front as the tests meet it: its program (native/tsbox-front.c, built into
+ * dist/bin/tsbox-front), the bounds it is built with, read from its source so that a test and
+ * the program cannot disagree, and the payload of its cancel request, which tsbox reads with
+ * decodeCancel (src/ttrpc/front-link.ts).
+ */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** This file compiles to `<repo>/dist/test/support/`. */
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+
+/** The front's program. */
+export const tsboxFront = path.join(repoRoot, 'dist', 'bin', 'tsbox-front');
+
+/** A `#define NAME <number>` of the front's source. */
+export function frontBound(name: string): number {
+  const source = readFileSync(path.join(repoRoot, 'native', 'tsbox-front.c'), 'utf8');
+  const found = new RegExp(`^#define ${name} (\\d+)$`, 'm').exec(source);
+  if (found?.[1] === undefined) throw new Error(`native/tsbox-front.c defines no ${name}`);
+  return Number(found[1]);
+}
+
+/** Connections from containerd the front keeps at most. */
+export const MAX_FRONT_CONNECTIONS = frontBound('MAX_FRONT_CONNECTIONS');
+
+/** A cancel request's payload: each stream id as 4 bytes, big-endian. */
+export function cancelPayload(streamIds: Iterable<number>): Buffer {
+  const ids = [...streamIds];
+  const payload = Buffer.alloc(4 * ids.length);
+  ids.forEach((id, i) => payload.writeUInt32BE(id, 4 * i));
+  return payload;
+}
