@@ -627,6 +627,8 @@ static struct endpoint backend_listener = {KIND_BACKEND_LISTENER, -1};
 static struct endpoint signals = {KIND_SIGNALS, -1};
 /* Kept open to be given up when descriptors run out, so that a connection can be refused. */
 static int spare_fd = -1;
+/* Listeners whose accept failed for want of resources: not watched until the next sweep. */
+static int listeners_resting;
 
 static struct client *clients_head, *clients_tail;
 static size_t nclients;
@@ -1014,6 +1016,15 @@ static void client_readable(struct client *c) {
   if (partial_bytes > MAX_PARTIAL_FRAME_BYTES) shed_partial();
 }
 
+/*
+ * A listener whose accept fails (out of descriptors or memory) would be ready again at once:
+ * it is not watched until the next sweep, so that the front does not spin meanwhile.
+ */
+static void rest_listener(struct endpoint *ep) {
+  watch(ep, 0, EPOLL_CTL_MOD);
+  listeners_resting = 1;
+}
+
 static void client_accept(void) {
   for (;;) {
     int fd = accept4(task_listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1039,6 +1050,7 @@ static void client_accept(void) {
         log_errno(&l, errno, "accept", NULL);
         log_end(&l, "task socket: accept failed");
       }
+      rest_listener(&task_listener);
       return;
     }
     if (nclients >= MAX_FRONT_CONNECTIONS && !evict_idle()) {
@@ -1106,6 +1118,7 @@ static void backend_accept(void) {
         log_errno(&l, errno, "accept", NULL);
         log_end(&l, "backend socket: accept failed");
       }
+      rest_listener(&backend_listener);
       return;
     }
     /* A newer tsbox replaces an older connection (one that has not noticed its end yet). */
@@ -1158,13 +1171,13 @@ static unsigned long long log_check_ms = 60000;
 
 /* Copies `from` to `to` (created with `mode`, replaced when there); -1 with errno and the call. */
 static int copy_file(const char *from, const char *to, mode_t mode, const char **syscall, const char **path) {
-  int in = open(from, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  int in = open(from, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (in < 0) {
     *syscall = "open";
     *path = from;
     return -1;
   }
-  int out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  int out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (out < 0) {
     *syscall = "open";
     *path = to;
@@ -1375,7 +1388,7 @@ static void listen_on(struct endpoint *ep, const char *path) {
 static void write_pid_file(const char *path) {
   char text[32];
   int n = snprintf(text, sizeof text, "%ld\n", (long)getpid());
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) start_failed_errno(errno, "open", path);
   for (int off = 0; off < n;) {
     ssize_t w = write(fd, text + off, (size_t)(n - off));
@@ -1502,7 +1515,11 @@ int main(int argc, char **argv) {
     int n = epoll_wait(epfd, events, 64, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
-      start_failed_errno(errno, "epoll_wait", "epoll");
+      if (log_begin(&l, LEVEL_FATAL)) {
+        log_errno(&l, errno, "epoll_wait", NULL);
+        log_end(&l, "task front cannot wait for its connections");
+      }
+      return 1;
     }
     for (int i = 0; i < n; i++) {
       struct endpoint *ep = events[i].data.ptr;
@@ -1558,6 +1575,11 @@ int main(int argc, char **argv) {
     now = now_ms();
     if (now >= next_sweep) {
       check_frames(now);
+      if (listeners_resting) {
+        watch(&task_listener, EPOLLIN, EPOLL_CTL_MOD);
+        watch(&backend_listener, EPOLLIN, EPOLL_CTL_MOD);
+        listeners_resting = 0;
+      }
       next_sweep = now + SWEEP_MS;
     }
     if (log_path != NULL && now >= next_log_check) {
