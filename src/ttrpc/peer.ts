@@ -1,7 +1,10 @@
 import type { Socket } from 'node:net';
 import { MAX_QUEUED_OUTPUT_BYTES } from './limits.js';
 
-/** What both ends that read ttrpc frames from a peer (the server, the task front) keep per connection. */
+/**
+ * What the server keeps per connection it reads ttrpc frames from (the task front,
+ * native/tsbox-front.c, keeps the same for each of containerd's connections, in C).
+ */
 export interface ReadingPeer {
   readonly socket: Socket;
   /** Reading is paused until the peer reads what was written to it. */

@@ -80,7 +80,7 @@ class Connection {
     readonly socket: Socket,
     now: number,
     /**
-     * The task front's connection (src/front/): it carries every call of containerd's, is never
+     * The task front's connection (native/tsbox-front.c): it carries every call of containerd's, is never
      * evicted, and at shutdown its calls get no answer, so that the front keeps them for the
      * next tsbox instead of passing containerd a failure.
      */

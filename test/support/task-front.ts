@@ -14,12 +14,20 @@ const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..'
 /** The front's program. */
 export const tsboxFront = path.join(repoRoot, 'dist', 'bin', 'tsbox-front');
 
-/** A `#define NAME <number>` of the front's source. */
+/**
+ * A bound the front's source defines (`#define NAME expression`, of whole numbers, `*` and other
+ * such names), as a number.
+ */
 export function frontBound(name: string): number {
   const source = readFileSync(path.join(repoRoot, 'native', 'tsbox-front.c'), 'utf8');
-  const found = new RegExp(`^#define ${name} (\\d+)$`, 'm').exec(source);
+  const found = new RegExp(`^#define ${name} (.+)$`, 'm').exec(source);
   if (found?.[1] === undefined) throw new Error(`native/tsbox-front.c defines no ${name}`);
-  return Number(found[1]);
+  const terms = found[1].replace(/[()]/g, ' ').split('*').map((t) => t.trim());
+  return terms.reduce((product, term) => {
+    if (/^\d+(u|ull)?$/.test(term)) return product * Number(term.replace(/u(ll)?$/, ''));
+    if (/^[A-Z_]+$/.test(term)) return product * frontBound(term);
+    throw new Error(`native/tsbox-front.c: ${name} is not a product of numbers: ${found[1]}`);
+  }, 1);
 }
 
 /** Connections from containerd the front keeps at most. */
