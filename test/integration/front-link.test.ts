@@ -154,6 +154,10 @@ describe('the task front between clients and tsbox', () => {
     assert.ok(await hostile.closedWithin(5000), 'the client naming the front\'s service stayed open');
     assert.equal(tsbox.frames.length, 2, 'its request was not relayed');
     assert.match(tailFile(logPath), /called the front's own service/);
+    // The two relayed calls end with their client (tsbox is told), so that none is left for the next test.
+    c.destroy();
+    const cancel = (await tsbox.received(3, logPath))[2]!;
+    assert.equal(requestOf(cancel).service, FRONT_SERVICE);
     tsbox.close();
   });
 
