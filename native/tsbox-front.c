@@ -43,6 +43,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1467,6 +1468,10 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  /* Buffers of 128 KiB and more (frames on their way, answers queued) are mapped and given
+     back whole when freed: glibc's moving threshold would otherwise keep what an attack made
+     the front hold in its heap for good. */
+  if (mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 0) start_failed_errno(EINVAL, "mallopt", "M_MMAP_THRESHOLD");
   /* Room for every connection it admits (as Node allows itself the hard limit). */
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0) start_failed_errno(errno, "getrlimit", "RLIMIT_NOFILE");
