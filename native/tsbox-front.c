@@ -129,9 +129,18 @@ static void line_raw(struct line *l, const char *s, size_t n) {
 
 static void line_str(struct line *l, const char *s) { line_raw(l, s, strlen(s)); }
 
-static void line_json_string(struct line *l, const char *s) {
+/* Room kept after a field's value for the fields and message that follow it (all short). */
+#define LINE_TAIL_BYTES 512
+
+/*
+ * A JSON string; one too long for the line is cut short (still a whole string), leaving
+ * `keep` bytes after it, so that the line stays one JSON object.
+ */
+static void line_json_string(struct line *l, const char *s, size_t keep) {
   line_raw(l, "\"", 1);
   for (const unsigned char *p = (const unsigned char *)s; *p != 0; p++) {
+    /* An escape takes at most 6 bytes, the closing quote 1, line_raw keeps 2 back. */
+    if (l->len + 6 + 1 + 2 + keep > sizeof l->text) break;
     char esc[8];
     if (*p == '"' || *p == '\\') {
       esc[0] = '\\';
@@ -163,12 +172,14 @@ static int log_begin(struct line *l, int level) {
   return 1;
 }
 
-static void log_str(struct line *l, const char *key, const char *value) {
+static void log_field(struct line *l, const char *key, const char *value, size_t keep) {
   line_str(l, ",\"");
   line_str(l, key);
   line_str(l, "\":");
-  line_json_string(l, value);
+  line_json_string(l, value, keep);
 }
+
+static void log_str(struct line *l, const char *key, const char *value) { log_field(l, key, value, LINE_TAIL_BYTES); }
 
 static void log_num(struct line *l, const char *key, long long value) {
   char num[32];
@@ -206,8 +217,10 @@ static void log_errno(struct line *l, int e, const char *syscall, const char *pa
 }
 
 static void log_end(struct line *l, const char *msg) {
-  log_str(l, "msg", msg);
-  line_raw(l, "}\n", 2);
+  log_field(l, "msg", msg, 0);
+  /* Into the two bytes line_raw keeps back, so that a line cut short still ends the object and the line. */
+  memcpy(l->text + l->len, "}\n", 2);
+  l->len += 2;
   /* The log is written whole or dropped: a log that cannot take a line has nowhere to say so. */
   size_t off = 0;
   int tries = 0;
@@ -599,6 +612,7 @@ struct client {
   struct buf out;
   struct pending *ids_head, *ids_tail; /* its calls kept */
   size_t nids;
+  uint64_t kept_bytes; /* of its calls kept */
 };
 
 /* A request relayed to tsbox and not yet answered. */
@@ -710,6 +724,7 @@ static void pending_remove(struct pending *p) {
   if (p->conn_next != NULL) p->conn_next->conn_prev = p->conn_prev;
   else c->ids_tail = p->conn_prev;
   c->nids--;
+  c->kept_bytes -= p->len;
   npending--;
   pending_bytes -= p->len;
   free(p->frame);
@@ -932,10 +947,39 @@ static void warn_protocol(const char *msg, const char *k1, long long v1, const c
   log_end(&l, msg);
 }
 
+/*
+ * Room for one more kept call of `bytes`: past the bound on calls or on their bytes, the
+ * connection keeping the most (calls, or bytes) is closed, as for unfinished frames, so that a
+ * client piling up calls loses its own connection, not containerd's. Returns -1 when that is
+ * `c`'s own.
+ */
+static int make_room(struct client *c, uint64_t bytes) {
+  while (npending >= MAX_PENDING || pending_bytes + bytes > MAX_PENDING_BYTES) {
+    int by_count = npending >= MAX_PENDING;
+    struct client *most = NULL;
+    for (struct client *o = clients_head; o != NULL; o = o->next)
+      if (most == NULL || (by_count ? o->nids > most->nids : o->kept_bytes > most->kept_bytes)) most = o;
+    /* The sender's own (with this call) outweighs every other's, or nobody else keeps any. */
+    if (most == NULL || most == c || (by_count ? most->nids < c->nids + 1 : most->kept_bytes < c->kept_bytes + bytes)) {
+      warn_protocol("task socket: closing a connection that broke the bound on calls", "streamId", (long long)c->last_stream_id, "pending", (long long)npending);
+      return -1;
+    }
+    warn_protocol(by_count ? "task socket: closing the connection keeping the most calls" : "task socket: closing the connection keeping the most bytes of calls", "calls", (long long)most->nids,
+                  "bytes", (long long)most->kept_bytes);
+    client_close(most);
+  }
+  return 0;
+}
+
 /* One whole request from a client; returns -1 when the client was closed for it. */
 static int client_request(struct client *c, const struct decoded *d) {
-  if (d->stream_id % 2 != 1 || d->stream_id <= c->last_stream_id || npending >= MAX_PENDING || pending_bytes + HEADER_BYTES + d->length > MAX_PENDING_BYTES) {
+  if (d->stream_id % 2 != 1 || d->stream_id <= c->last_stream_id) {
     warn_protocol("task socket: closing a connection that broke the protocol or the bound on calls", "streamId", d->stream_id, "pending", (long long)npending);
+    free(d->frame);
+    client_close(c);
+    return -1;
+  }
+  if (make_room(c, HEADER_BYTES + (uint64_t)d->length) < 0) {
     free(d->frame);
     client_close(c);
     return -1;
@@ -970,6 +1014,7 @@ static int client_request(struct client *c, const struct decoded *d) {
   else c->ids_head = p;
   c->ids_tail = p;
   c->nids++;
+  c->kept_bytes += p->len;
   npending++;
   pending_bytes += p->len;
   pending_hash_add(p);

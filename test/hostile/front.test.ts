@@ -19,7 +19,7 @@ import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
 import { FRONT_CANCEL, FRONT_SERVICE } from '../../src/ttrpc/front-link.js';
-import { MAX_FRONT_CONNECTIONS, cancelPayload, tsboxFront } from '../support/task-front.js';
+import { MAX_FRONT_CONNECTIONS, MAX_PENDING_BYTES, cancelPayload, tsboxFront } from '../support/task-front.js';
 import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
@@ -151,6 +151,55 @@ describe('hostile peers on the task front', () => {
       } finally {
         for (const conn of conns) conn.destroy();
       }
+    }));
+
+  test(`a client whose held calls fill the front's ${MAX_PENDING_BYTES / MiB} MiB for calls: it is the one closed when containerd's connection calls, not containerd's`, () =>
+    attack('kept bytes', async () => {
+      // Held calls of nearly the largest message each, the last sized so that what the front
+      // keeps (the long-lived connection's held call, these, and a small Echo sent after them)
+      // comes to 16 bytes short of its bound; once that Echo is answered, every one of these
+      // is kept (frames are taken in order), and containerd's next call goes over the bound.
+      const hold = (id: number, payloadBytes: number): Buffer => requestFrame(id, TEST_SERVICE, 'Hold', Buffer.alloc(payloadBytes));
+      const overhead = hold(1, 0).length;
+      const longLivedHold = overhead; // the long-lived connection's Hold, empty as these (the client adds a few bytes of its own: within the 16)
+      const frames: Buffer[] = [];
+      let kept = 0;
+      const largest = MAX_MESSAGE_BYTES - 1024;
+      const marker = (id: number): Buffer => requestFrame(id, TEST_SERVICE, 'Echo', Buffer.alloc(0));
+      const budget = MAX_PENDING_BYTES - 16 - longLivedHold - marker(1).length;
+      // Sized by their encoded length (a payload's length prefix grows with it).
+      while (budget - kept > hold(1, largest).length) {
+        const f = hold(2 * frames.length + 1, largest);
+        frames.push(f);
+        kept += f.length;
+      }
+      let last = hold(2 * frames.length + 1, budget - kept - overhead);
+      // The length prefix of the last payload may take a byte or two more than the empty one's.
+      for (let trim = 1; kept + last.length > budget; trim++) last = hold(2 * frames.length + 1, budget - kept - overhead - trim);
+      frames.push(last);
+      kept += last.length;
+      assert.equal(kept, budget, 'the held calls come to the budget exactly');
+      const markerId = 2 * frames.length + 1;
+      const hostile = await RawTtrpc.connect(socketPath);
+      try {
+        for (const f of frames) await hostile.write(f);
+        await hostile.write(marker(markerId));
+        await waitFor(() => hostile.response(markerId), {
+          what: 'the Echo sent after the held calls answered',
+          timeoutMs: 20_000,
+          describe: () => `client closed: ${String(hostile.closed)}\n${tailFile(path.join(dir, 'front.log'))}`,
+        });
+        assert.equal(hostile.closed, false, 'the client was closed while its calls fitted the bound');
+        // containerd's connection calls: over the bound, and the client keeping the most goes.
+        const call = Buffer.alloc(256, 'x');
+        assert.deepEqual(await longLived?.call(TEST_SERVICE, 'Echo', call, { timeoutMs: 5000 }), call);
+        assert.ok(await hostile.closedWithin(5000), 'the client keeping the most bytes of calls stayed open');
+      } finally {
+        hostile.destroy();
+      }
+      // Its calls are ended in the server behind the front; the long-lived connection's stays.
+      const left = await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1'), { timeoutMs: 10_000 });
+      assert.equal(left?.toString(), '1', 'only the long-lived connection\'s call is held');
     }));
 
   test('a connection closed with calls held: the server behind the front ends them, the long-lived connection\'s stays', async () => {

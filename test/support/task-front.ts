@@ -33,6 +33,9 @@ export function frontBound(name: string): number {
 /** Connections from containerd the front keeps at most. */
 export const MAX_FRONT_CONNECTIONS = frontBound('MAX_FRONT_CONNECTIONS');
 
+/** Bytes of calls the front keeps unanswered at most (whole frames, headers included). */
+export const MAX_PENDING_BYTES = frontBound('MAX_PENDING_BYTES');
+
 /** A cancel request's payload: each stream id as 4 bytes, big-endian. */
 export function cancelPayload(streamIds: Iterable<number>): Buffer {
   const ids = [...streamIds];
