@@ -731,6 +731,20 @@ static void pending_remove(struct pending *p) {
   free(p);
 }
 
+/* Sends what `out` holds until the socket is full; -1 (errno set) when the connection failed. */
+static int send_queued(int fd, struct buf *out) {
+  while (buf_size(out) > 0) {
+    ssize_t n = send(fd, out->data + out->head, buf_size(out), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return 0;
+      return -1;
+    }
+    buf_consume(out, (size_t)n);
+  }
+  return 0;
+}
+
 static void backend_close(struct backend *b, const char *why_syscall, int err);
 
 static void backend_rewatch(struct backend *b) {
@@ -753,15 +767,9 @@ static void set_backend_full(int full) {
 
 /* Writes what is queued for tsbox; returns -1 when the connection failed (it is closed). */
 static int backend_flush(struct backend *b) {
-  while (buf_size(&b->out) > 0) {
-    ssize_t n = send(b->ep.fd, b->out.data + b->out.head, buf_size(&b->out), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) break;
-      backend_close(b, "write", errno);
-      return -1;
-    }
-    buf_consume(&b->out, (size_t)n);
+  if (send_queued(b->ep.fd, &b->out) < 0) {
+    backend_close(b, "write", errno);
+    return -1;
   }
   backend_rewatch(b);
   if (buf_size(&b->out) <= MAX_BACKEND_QUEUED_BYTES && b == tsbox) set_backend_full(0);
@@ -878,15 +886,9 @@ static void client_error(struct client *c, const char *syscall, int err) {
 
 /* Writes what is queued for a client; a client drained of its answers is read again. */
 static void client_flush(struct client *c) {
-  while (buf_size(&c->out) > 0) {
-    ssize_t n = send(c->ep.fd, c->out.data + c->out.head, buf_size(&c->out), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) break;
-      client_error(c, "write", errno);
-      return;
-    }
-    buf_consume(&c->out, (size_t)n);
+  if (send_queued(c->ep.fd, &c->out) < 0) {
+    client_error(c, "write", errno);
+    return;
   }
   if (c->paused && buf_size(&c->out) == 0) {
     c->paused = 0;
