@@ -19,6 +19,11 @@
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--scale 100] [--json out.json]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
  *
+ * As on a node, whose /run is a tmpfs: containerd's state dir (/run/containerd there) is on a
+ * tmpfs of its own, with the runc shims' runc root below it (/run/containerd/runc there) and
+ * tsbox's tasks; containerd's root and tsbox's records stay on disk. `--run-on-disk` keeps all
+ * of it on disk (this machine's /run is not a tmpfs).
+ *
  * `--sandbox-only` runs pods without containers (RunPodSandbox, then StopPodSandbox and
  * RemovePodSandbox), which also an older tsbox build can do: that compares builds.
  */
@@ -38,8 +43,10 @@ const { values } = parseArgs({
     json: { type: 'string' },
     'sandbox-only': { type: 'boolean', default: false },
     'tsbox-main': { type: 'string' },
+    'run-on-disk': { type: 'boolean', default: false },
   },
 });
+const RUN_ON_TMPFS = values['run-on-disk'] !== true;
 const SANDBOX_ONLY = values['sandbox-only'] === true;
 const ROUNDS = Number(values.rounds);
 const SERIAL = Number(values.serial);
@@ -268,6 +275,7 @@ async function main(): Promise<void> {
   const env = await startPodEnv({
     tsboxLogLevel: 'warn',
     containerdLogLevel: 'warn',
+    runOnTmpfs: RUN_ON_TMPFS,
     ...(values['tsbox-main'] === undefined ? {} : { tsboxMain: values['tsbox-main'] }),
   });
   const serial: Samples = { tsbox: empty(), 'tsbox-task': empty(), runc: empty() };
@@ -358,7 +366,7 @@ async function main(): Promise<void> {
   const table = [header, header.map(() => '---'), ...rows].map((r) => `| ${r.join(' | ')} |`).join('\n');
   const when = new Date().toISOString().slice(0, 16).replace('T', ' ');
   process.stdout.write(
-    `\n${SANDBOX_ONLY ? 'Pod sandboxes without containers' : 'Pods with one container'} through CRI, ${when} UTC${values['tsbox-main'] === undefined ? '' : ` (tsbox: ${values['tsbox-main']})`}: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating\n\n${table}\n`,
+    `\n${SANDBOX_ONLY ? 'Pod sandboxes without containers' : 'Pods with one container'} through CRI, ${when} UTC${values['tsbox-main'] === undefined ? '' : ` (tsbox: ${values['tsbox-main']})`}: ${ROUNDS} rounds × (${SERIAL} serial + ${CONCURRENT} with ${PARALLEL} at once + ${MEMORY_PODS} held for memory) per handler, alternating; containerd's state dir ${RUN_ON_TMPFS ? 'on a tmpfs, as /run/containerd on a node' : 'on disk'}\n\n${table}\n`,
   );
   if (SCALE_PODS > 0) {
     const order = [RUNC_HANDLER, ...TSBOXES] as const;

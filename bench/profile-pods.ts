@@ -8,14 +8,16 @@
  * (four pods at once keep this machine's cores busy, so pods per second follows it). tsbox at
  * debug pays for its log lines. Information, not a test.
  *
- *   node dist/bench/profile-pods.js [--pods 20] [--handler tsbox-task]
+ *   node dist/bench/profile-pods.js [--pods 20] [--handler tsbox-task] [--run-on-disk]
+ *
+ * containerd's state dir is on a tmpfs, as on a node (bench/pods.ts); --run-on-disk keeps it on disk.
  */
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
 import { TSBOX_TASK_HANDLER, startPodEnv, taskFrontPid } from '../test/support/pod-env.js';
 
-const { values } = parseArgs({ options: { pods: { type: 'string', default: '20' }, handler: { type: 'string', default: TSBOX_TASK_HANDLER } } });
+const { values } = parseArgs({ options: { pods: { type: 'string', default: '20' }, handler: { type: 'string', default: TSBOX_TASK_HANDLER }, 'run-on-disk': { type: 'boolean', default: false } } });
 const PODS = Number(values.pods);
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 const p50 = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
@@ -40,7 +42,7 @@ function machineBusyMs(): number {
 }
 
 async function main(): Promise<void> {
-  const env = await startPodEnv({ tsboxLogLevel: 'debug', containerdLogLevel: 'warn' });
+  const env = await startPodEnv({ tsboxLogLevel: 'debug', containerdLogLevel: 'warn', runOnTmpfs: values['run-on-disk'] !== true });
   const steps: Record<string, number[]> = {};
   const add = (k: string, v: number): void => void (steps[k] ??= []).push(v);
   const cpuNow = (): Record<string, number> => ({ tsbox: cpuMs(env.tsbox.pid ?? 0), front: cpuMs(taskFrontPid(env)), containerd: cpuMs(env.containerd.pid ?? 0), machine: machineBusyMs() });

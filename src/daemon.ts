@@ -25,7 +25,7 @@ import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { type Helper, HelperService } from './runtime/helper-service.js';
-import { containerCgroups, hasRecordedTasks, startTaskServer, type TaskServer } from './tasks/serve.js';
+import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './task-events.js';
 
 /** A running daemon. */
@@ -100,12 +100,20 @@ function checkContainerShims(config: Config, logger: Logger): void {
 /** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
 async function startTasks(config: Config, logger: Logger, helper: Helper): Promise<TaskServer> {
   const log = logger.child({ component: 'tasks' });
+  // The tasks' directory below containerd's state dir is one tsbox's, as its state dir is.
+  const { locked } = taskDirs(config.containerdState);
+  await mkdir(locked, { recursive: true, mode: 0o700 });
+  const lock = await lockStateDir(locked, config.shimPath, logger.child({ component: 'state-lock' })).catch((err: unknown) => {
+    if (!(err instanceof StateDirInUseError)) throw err;
+    throw new OperatorError(EXIT.usage, err.message, `another tsbox serves tasks for the containerd whose state dir is ${config.containerdState}: stop it (pid ${err.holderPid ?? 'in the lock file'}), or give this tsbox another containerd`);
+  });
   const { manager } = detectCgroups();
   const events = containerdTaskEvents(config.containerdAddress, log);
   const server = await startTaskServer({
     logger: log,
     socket: config.taskSocket,
     stateDir: config.stateDir,
+    containerdState: config.containerdState,
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
     frontPath: join(dirname(config.shimPath), 'tsbox-front'),
     ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
@@ -114,8 +122,9 @@ async function startTasks(config: Config, logger: Logger, helper: Helper): Promi
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),
-  }).catch((err: unknown) => {
+  }).catch(async (err: unknown) => {
     events.close();
+    await lock.release();
     throw err;
   });
   return {
@@ -124,6 +133,7 @@ async function startTasks(config: Config, logger: Logger, helper: Helper): Promi
       await server.close(drainMs);
       await Promise.race([events.drained(), delay(drainMs)]);
       events.close();
+      await lock.release();
     },
   };
 }
@@ -189,7 +199,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   const rawBackend = await createBackend(config, logger, taskApi, helper);
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // listening before containerd may look for it.
-  const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir)))
+  const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))
     ? await startTasks(config, logger, helper)
     : undefined;
   if (taskServer !== undefined) {

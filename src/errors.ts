@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readFile } from './fs-now.js';
 
 /**
  * The kinds of error tsbox answers with and their gRPC status codes (the numbers are the

@@ -1,4 +1,5 @@
-import { copyFile, lstat, mkdir, rm, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, rm, writeFile } from 'node:fs/promises';
+import { lstat } from '../fs-now.js';
 import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import type { PodSpec } from '../controller/pod-spec.js';

@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { watch, type FSWatcher } from 'node:fs';
-import { mkdir, readFile, rm, unlink, writeFile } from 'node:fs/promises';
+import { mkdir, rm, unlink } from 'node:fs/promises';
+import { readFile, writeProcFile } from '../fs-now.js';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
@@ -403,7 +404,7 @@ export class ProcessBackend implements RuntimeBackend {
    */
   async #setOomScoreAdj(pid: number, value: number): Promise<void> {
     try {
-      await writeFile(`/proc/${pid}/oom_score_adj`, String(value));
+      await writeProcFile(`/proc/${pid}/oom_score_adj`, String(value));
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code !== 'EACCES' && code !== 'EPERM') throw new TsboxError('Internal', `set oom_score_adj of ${pid}: ${messageOf(err)}`, { cause: err });

@@ -1,4 +1,5 @@
-import { readFile, readdir, rm, rmdir, stat, unlink } from 'node:fs/promises';
+import { rm, rmdir, unlink } from 'node:fs/promises';
+import { readFile, readdirEntries, stat } from '../fs-now.js';
 import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
@@ -81,7 +82,7 @@ async function removedAll(dirs: readonly string[]): Promise<boolean> {
 async function removeStateDir(dir: string): Promise<void> {
   let entries;
   try {
-    entries = await readdir(dir, { withFileTypes: true });
+    entries = await readdirEntries(dir);
   } catch (err) {
     if (isGone(err)) return;
     throw withPath(err, dir, 'list');

@@ -11,20 +11,33 @@ import { TtrpcServer } from '../ttrpc/server.js';
 import { registerTaskService } from './task-service.js';
 import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskEvents } from './tasks.js';
 
-/** Where the task server keeps its records and runc its state, below tsbox's state dir. */
-export function taskDirs(stateDir: string): { tasks: string; runcRoot: string } {
-  return { tasks: join(stateDir, 'tasks'), runcRoot: join(stateDir, 'runc') };
+/**
+ * Where the task server keeps its tasks' records and holders' files, and runc its state: below
+ * containerd's state dir (`tsbox/`), as containerd's runc shim keeps its bundles and runc's
+ * root below /run/containerd. None of it outlives the containers, which a reboot ends; on a
+ * node that state dir is a tmpfs, so runc's O_SYNC pid file, its state.json and the holders'
+ * files cost no journal commit. `locked`: the directory whose lock makes it one tsbox's.
+ */
+export function taskDirs(containerdState: string): { tasks: string; runcRoot: string; locked: string } {
+  const base = join(containerdState, 'tsbox');
+  return { tasks: join(base, 'tasks'), runcRoot: join(base, 'runc'), locked: base };
+}
+
+/** Where tsbox kept them before, below its own state dir: tasks found there are served from there until deleted. */
+export function formerTaskDirs(stateDir: string): { dir: string; runcRoot: string } {
+  return { dir: join(stateDir, 'tasks'), runcRoot: join(stateDir, 'runc') };
 }
 
 /** True when tasks from an earlier run are recorded: they must be served even if no handler asks any more. */
-export async function hasRecordedTasks(stateDir: string): Promise<boolean> {
-  const dir = taskDirs(stateDir).tasks;
-  try {
-    return (await readdir(dir)).length > 0;
-  } catch (err) {
-    if (isGone(err)) return false;
-    throw withPath(err, dir, 'list');
+export async function hasRecordedTasks(stateDir: string, containerdState: string): Promise<boolean> {
+  for (const dir of [taskDirs(containerdState).tasks, formerTaskDirs(stateDir).dir]) {
+    try {
+      if ((await readdir(dir)).length > 0) return true;
+    } catch (err) {
+      if (!isGone(err)) throw withPath(err, dir, 'list');
+    }
   }
+  return false;
 }
 
 /**
@@ -56,6 +69,8 @@ export interface TaskServerOptions {
   readonly logger: Logger;
   readonly socket: string;
   readonly stateDir: string;
+  /** containerd's state dir: the tasks' files go below it (taskDirs). */
+  readonly containerdState: string;
   readonly holderPath: string;
   /** The task front's program (native/tsbox-front.c), started when none answers. */
   readonly frontPath: string;
@@ -134,11 +149,12 @@ async function reachFront(frontPath: string, socket: string, stateDir: string, l
  * socket listening when it loads its tasks. A front that goes away is started again.
  */
 export async function startTaskServer(options: TaskServerOptions): Promise<TaskServer> {
-  const dirs = taskDirs(options.stateDir);
+  const dirs = taskDirs(options.containerdState);
   const tasks = new TaskTable({
     logger: options.logger,
     dir: dirs.tasks,
     runcRoot: dirs.runcRoot,
+    formerDirs: formerTaskDirs(options.stateDir),
     runcPath: options.runcPath,
     holderPath: options.holderPath,
     ...(options.holderStarter === undefined ? {} : { holderStarter: options.holderStarter }),

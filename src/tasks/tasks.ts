@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { readFile } from '../fs-now.js';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
@@ -97,10 +98,12 @@ export interface ContainerCgroups {
 
 export interface TaskTableOptions {
   readonly logger: Logger;
-  /** Where task records and holder directories live (tsbox's state dir + /tasks). */
+  /** Where task records and holder directories live (serve.ts: below containerd's state dir). */
   readonly dir: string;
   /** runc's root for these tasks (a namespace directory is made below it). */
   readonly runcRoot: string;
+  /** Where an earlier tsbox kept them (its state dir): tasks found there are recovered and served from there. */
+  readonly formerDirs?: { readonly dir: string; readonly runcRoot: string };
   readonly runcPath: string;
   readonly holderPath: string;
   /** Starts holders without a fork of tsbox when one of its processes is free. */
@@ -118,6 +121,8 @@ interface TaskRecord extends ProcessIo {
   readonly bundle: string;
   readonly systemdCgroup: boolean;
   readonly runcPath: string;
+  /** runc's root for the container (its namespace's directory); absent in a record of a tsbox that kept one root. */
+  readonly runcRoot?: string;
   /** The sandbox the task belongs to (containerd's `<bundle>/sandbox`); '' when it names none. */
   readonly sandboxId?: string;
 }
@@ -255,7 +260,7 @@ export class TaskTable {
   }
 
   #runc(record: TaskRecord): RuncOptions {
-    return { runcPath: record.runcPath, root: join(this.#opts.runcRoot, record.namespace), systemdCgroup: record.systemdCgroup };
+    return { runcPath: record.runcPath, root: record.runcRoot ?? join(this.#opts.runcRoot, record.namespace), systemdCgroup: record.systemdCgroup };
   }
 
   #get(ns: string, id: string): Task {
@@ -320,12 +325,13 @@ export class TaskTable {
         terminal: request.terminal,
         systemdCgroup: options.systemdCgroup,
         runcPath: options.binaryName || this.#opts.runcPath,
+        runcRoot: join(this.#opts.runcRoot, ns),
         sandboxId: ((await readIfPresent(join(request.bundle, 'sandbox'))) ?? '').trim(),
       };
       const rootfs = join(request.bundle, 'rootfs');
       await rm(dir, { recursive: true, force: true });
       await mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
-      await mkdir(join(this.#opts.runcRoot, ns), { recursive: true, mode: 0o700 });
+      await mkdir(this.#runc(record).root, { recursive: true, mode: 0o700 });
       let mounted = false;
       let holder: ContainerHolder | undefined;
       try {
@@ -340,7 +346,7 @@ export class TaskTable {
         holder = await createContainer({
           dir: join(dir, 'init'),
           id: request.id,
-          root: join(this.#opts.runcRoot, ns),
+          root: this.#runc(record).root,
           stdin: request.stdin,
           stdout: request.stdout,
           stderr: request.stderr,
@@ -492,7 +498,7 @@ export class TaskTable {
         proc.holder = await execProcess({
           dir: proc.dir,
           id,
-          root: join(this.#opts.runcRoot, ns),
+          root: this.#runc(task.record).root,
           stdin: proc.io.stdin,
           stdout: proc.io.stdout,
           stderr: proc.io.stderr,
@@ -755,32 +761,37 @@ export class TaskTable {
    * is found by its recorded pid and start time, or its exit file.
    */
   async recover(): Promise<void> {
-    let names: string[];
-    try {
-      names = await readdir(this.#opts.dir);
-    } catch (err) {
-      if (isGone(err)) return;
-      throw withPath(err, this.#opts.dir, 'list');
-    }
-    for (const name of names) {
-      const dir = join(this.#opts.dir, name);
+    const { formerDirs } = this.#opts;
+    for (const { dir: tasksDir, runcRoot } of formerDirs === undefined ? [this.#opts] : [this.#opts, formerDirs]) {
+      let names: string[];
       try {
-        await this.#recoverTask(dir);
+        names = await readdir(tasksDir);
       } catch (err) {
-        this.#log.error({ err, dir }, 'cannot recover a task; its record is left as it is');
+        if (isGone(err)) continue;
+        throw withPath(err, tasksDir, 'list');
+      }
+      for (const name of names) {
+        const dir = join(tasksDir, name);
+        try {
+          await this.#recoverTask(dir, runcRoot);
+        } catch (err) {
+          this.#log.error({ err, dir }, 'cannot recover a task; its record is left as it is');
+        }
       }
     }
     if (this.#tasks.size > 0) this.#log.info({ tasks: this.#tasks.size }, 'tasks recovered');
   }
 
-  async #recoverTask(dir: string): Promise<void> {
+  /** `runcRoot`: the root of the directory the task was found in, for a record that names none. */
+  async #recoverTask(dir: string, runcRoot: string): Promise<void> {
     const text = await readIfPresent(join(dir, 'task.json'));
     if (text === undefined) {
       // A Create that did not finish: nothing was answered, nothing to keep.
       await rm(dir, { recursive: true, force: true });
       return;
     }
-    const record = JSON.parse(text) as TaskRecord;
+    const read = JSON.parse(text) as TaskRecord;
+    const record: TaskRecord = { ...read, runcRoot: read.runcRoot ?? join(runcRoot, read.namespace) };
     const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
     task.cgroup = (await readIfPresent(join(dir, 'cgroup'))) || undefined;
     await this.#recoverProc(task, task.init);

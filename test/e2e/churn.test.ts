@@ -105,9 +105,9 @@ describe(`${PODS} pods with a container come and go on each route: tsbox keeps n
               return [...l.processes, ...l.mounts, ...l.cgroups, ...l.files];
             });
             left.push(...runcShimsOf(env).map((s) => `runc shim ${s.pid}`));
-            const records = path.join(env.tsbox.stateDir, 'tasks');
+            const records = path.join(env.containerd.paths.state, 'tsbox', 'tasks');
             if (existsSync(records)) left.push(...readdirSync(records).map((t) => `task record ${t}`));
-            const runcStates = path.join(env.tsbox.stateDir, 'runc', 'k8s.io');
+            const runcStates = path.join(env.containerd.paths.state, 'tsbox', 'runc', 'k8s.io');
             if (existsSync(runcStates)) left.push(...readdirSync(runcStates).map((c) => `runc state ${c}`));
             return left.length === 0;
           },

@@ -13,7 +13,7 @@ import { createSandboxClients, grpc } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
-import { waitFor } from '../support/tsbox-daemon.js';
+import { tsboxMain, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -132,8 +132,8 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await removePod(id, [c1, c2]);
       await assertNothingLeft(id, [c1, c2]);
       assert.deepEqual(holders().filter((h) => h === c1 || h === c2), [], 'no holder left');
-      assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'tasks')), [], 'no task record left');
-      assert.deepEqual(readdirSync(path.join(env.tsbox.stateDir, 'runc', CRI_NS)), [], 'runc keeps no state of them');
+      assert.deepEqual(readdirSync(path.join(env.containerd.paths.state, 'tsbox', 'tasks')), [], 'no task record left');
+      assert.deepEqual(readdirSync(path.join(env.containerd.paths.state, 'tsbox', 'runc', CRI_NS)), [], 'runc keeps no state of them');
     }));
 
   test('exec and attach with a tty, as kubectl does (CRI streaming): the process has a terminal, a resize reaches it, input goes in, exit codes come back', () =>
@@ -252,6 +252,26 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.equal((await containerState(c)).exitCode, 0, 'the exit after the restart reached CRI with its own code');
       await removePod(id, [quick, c]);
       await assertNothingLeft(id, [quick, c]);
+    }));
+
+  test("the tasks' files live below containerd's state dir; a second tsbox for the same containerd, with a state dir and sockets of its own, exits 2 naming that directory and the first tsbox; the first keeps serving", () =>
+    withLogs(async () => {
+      const config = env.podConfig('one-tsbox');
+      const id = await runPod(config, TSBOX_TASK_HANDLER);
+      const c = await startContainer(id, config, 'main', 'sleep 1000');
+      const tasksDir = path.join(env.containerd.paths.state, 'tsbox');
+      assert.equal(readdirSync(path.join(tasksDir, 'runc', CRI_NS)).includes(c), true, "runc's state of the container is below containerd's state dir");
+      assert.equal(readdirSync(path.join(tasksDir, 'tasks')).length, 1, 'one task recorded there');
+      const other = path.join(env.tsbox.dir, 'second');
+      const second = await env.tsbox.run([tsboxMain, 'serve', '--socket', `${other}.sock`, '--state-dir', other, '--containerd-config', env.containerd.paths.configPath, '--task-socket', `${other}-task.sock`, '--task-api-handlers', TSBOX_TASK_HANDLER], 30_000);
+      assert.equal(second.code, 2, `exit ${second.code}; stderr: ${second.stderr}`);
+      assert.ok(second.stderr.includes(tasksDir) && second.stderr.includes(`pid ${env.tsbox.pid}`), `the error names ${tasksDir} and pid ${env.tsbox.pid}: ${second.stderr}`);
+      assert.equal((await containerState(c)).state, 'CONTAINER_RUNNING');
+      const { code, stdout } = await exec(c, ['echo', 'still served']);
+      assert.equal(code, 0);
+      assert.equal(stdout, 'still served\n');
+      await removePod(id, [c]);
+      await assertNothingLeft(id, [c]);
     }));
 
   test('tsbox restarted (SIGTERM) and killed (kill -9) with containers running: CRI marks none exited, same pids, a later exit reaches CRI with its own code', () =>

@@ -60,12 +60,21 @@ interface Served {
   readonly table: TaskTable;
 }
 
-async function serve(name: string, runcPath = 'runc'): Promise<Served> {
+/** Where a table keeps its tasks (below scratch), and where an earlier tsbox kept them. */
+interface Places {
+  readonly tasks: string;
+  readonly runc: string;
+  readonly former?: { readonly tasks: string; readonly runc: string };
+}
+
+async function serve(name: string, runcPath = 'runc', places: Places = { tasks: 'tasks', runc: 'runc' }): Promise<Served> {
   const events = recordingEvents();
+  const { former } = places;
   const table = new TaskTable({
     logger: pino({ level: 'silent' }),
-    dir: path.join(scratch, 'tasks'),
-    runcRoot: path.join(scratch, 'runc'),
+    dir: path.join(scratch, places.tasks),
+    runcRoot: path.join(scratch, places.runc),
+    ...(former === undefined ? {} : { formerDirs: { dir: path.join(scratch, former.tasks), runcRoot: path.join(scratch, former.runc) } }),
     runcPath,
     holderPath,
     createTimeoutMs: 30_000,
@@ -82,8 +91,8 @@ async function serve(name: string, runcPath = 'runc'): Promise<Served> {
 }
 
 /** The directory of a task's records, found by its id in task.json. */
-function taskDirOf(id: string): string {
-  const dir = path.join(scratch, 'tasks');
+function taskDirOf(id: string, tasks = 'tasks'): string {
+  const dir = path.join(scratch, tasks);
   for (const name of readdirSync(dir)) {
     const text = readFileSync(path.join(dir, name, 'task.json'), 'utf8');
     if ((JSON.parse(text) as { id?: unknown }).id === id) return path.join(dir, name);
@@ -127,8 +136,8 @@ async function codeOf(call: Promise<unknown>): Promise<number> {
   assert.fail('the call succeeded');
 }
 
-function runcList(): string[] {
-  const out = execFileSync('runc', ['--root', path.join(scratch, 'runc', NS), 'list', '--format', 'json'], { encoding: 'utf8' });
+function runcList(root = 'runc'): string[] {
+  const out = execFileSync('runc', ['--root', path.join(scratch, root, NS), 'list', '--format', 'json'], { encoding: 'utf8' });
   return ((JSON.parse(out || '[]') as { id: string }[] | null) ?? []).map((c) => c.id);
 }
 
@@ -313,6 +322,46 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal(mountedBelow(path.join(req.bundle, 'rootfs')), false);
     assert.deepEqual(runcList(), []);
   });
+  test('a task an earlier tsbox kept in its own state dir (one runc root, records that name none) is recovered and served from there; new tasks go to the new place', async () => {
+    const meta = { metadata: META };
+    const old: Places = { tasks: 'old-state/tasks', runc: 'old-state/runc' };
+    const first = await serve('g1', 'runc', old);
+    const { pid } = await first.client.request(TaskService.create, createRequest('c20', ['sleep', '1000']), meta);
+    await first.client.request(TaskService.start, { id: 'c20', execId: '' }, meta);
+    first.client.close();
+    first.table.close();
+    await first.server.close(0);
+    // As that tsbox wrote it: no runc root in the record.
+    const record = path.join(taskDirOf('c20', old.tasks), 'task.json');
+    const { runcRoot, ...written } = JSON.parse(readFileSync(record, 'utf8')) as { runcRoot?: string };
+    assert.equal(runcRoot, path.join(scratch, old.runc, NS), 'a record names its runc root');
+    writeFileSync(record, JSON.stringify(written));
+
+    const second = await serve('g2', 'runc', { tasks: 'run/tasks', runc: 'run/runc', former: old });
+    open.push(second);
+    const state = await second.client.request(TaskService.state, { id: 'c20', execId: '' }, meta);
+    assert.equal(state.status, Status.RUNNING);
+    assert.equal(state.pid, pid, 'the same process, found where the earlier tsbox kept it');
+    const made = createRequest('c21', ['sleep', '1000']);
+    await second.client.request(TaskService.create, made, meta);
+    await second.client.request(TaskService.start, { id: 'c21', execId: '' }, meta);
+    assert.ok(existsSync(path.join(taskDirOf('c21', 'run/tasks'), 'task.json')), 'a new task is recorded in the new place');
+    assert.deepEqual(runcList('run/runc'), ['c21'], 'runc keeps the new container below the new root');
+    assert.deepEqual(runcList(old.runc), ['c20'], 'and the recovered one where it was');
+    // Each is ended and deleted through its own runc root: nothing of either is left.
+    for (const id of ['c20', 'c21']) {
+      const wait = second.client.request(TaskService.wait, { id, execId: '' }, meta);
+      await second.client.request(TaskService.kill, { id, execId: '', signal: 9, all: true }, meta);
+      assert.equal((await wait).exitStatus, 137);
+      await second.client.request(TaskService.delete, { id, execId: '' }, meta);
+    }
+    assert.deepEqual(runcList(old.runc), []);
+    assert.deepEqual(runcList('run/runc'), []);
+    assert.deepEqual(readdirSync(path.join(scratch, old.tasks)), [], 'no record left in the old place');
+    assert.deepEqual(readdirSync(path.join(scratch, 'run/tasks')), [], 'nor in the new');
+    assert.equal(mountedBelow(made.bundle), false);
+  });
+
   test('tsbox stopped while a holder still makes a container: the next table ends that holder and undoes the create; the create made again works', async () => {
     // A runc that takes its time over create, as under load.
     const slowRunc = path.join(scratch, 'slow-runc');

@@ -5,7 +5,7 @@
  * (SPEC.md section 1). Start, stop, restart on the same dirs, and a teardown that removes
  * everything.
  */
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
@@ -34,8 +34,8 @@ export interface ContainerdConfigOptions {
   runtimeType?: string;
   /** containerd's log level. Default `debug`. */
   logLevel?: string;
-  /** Extra TOML appended verbatim (tables only). */
-  extraToml?: string;
+  /** Extra TOML appended verbatim (tables only); a function gets the instance's paths. */
+  extraToml?: string | ((paths: ContainerdPaths) => string);
 }
 
 /** Paths of one containerd instance, all below `dir`. */
@@ -149,7 +149,7 @@ required_plugins = ${tomlArray(requiredPlugins)}
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${name}]
   runtime_type = ${tomlString(runtimeType)}
   sandboxer = ${tomlString(name)}
-${options.extraToml ?? ''}`;
+${typeof options.extraToml === 'function' ? options.extraToml(paths) : (options.extraToml ?? '')}`;
 }
 
 const CAP_SYS_RESOURCE = 24;
@@ -199,6 +199,11 @@ export interface ContainerdOptions extends ContainerdConfigOptions {
   binary?: string;
   startTimeoutMs?: number;
   stopGraceMs?: number;
+  /**
+   * The state dir on a tmpfs of its own, as /run/containerd is on a node whose /run is one
+   * (systemd's): the volatile files of containerd, its shims and the sandboxer live there.
+   */
+  stateOnTmpfs?: boolean;
 }
 
 /**
@@ -220,6 +225,10 @@ export function containerdUnavailableReason(): string | undefined {
 export async function startContainerd(options: ContainerdOptions): Promise<Containerd> {
   const dir = await makeTempDir('containerd-e2e-');
   const paths = containerdPaths(dir);
+  if (options.stateOnTmpfs === true) {
+    await mkdir(paths.state, { recursive: true, mode: 0o711 });
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'mode=0711', 'tsbox-e2e-state', paths.state]);
+  }
   await mkdir(paths.cniConfDir, { recursive: true });
   await mkdir(paths.cniBinDir, { recursive: true });
   writeFileSync(paths.configPath, containerdConfig(paths, options));
@@ -297,6 +306,8 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
         process.stderr.write(`# containerd teardown: killed leftover processes ${killed.join(', ')}\n`);
       }
       if (!hadDefaultStateDir) removeIfEmpty(defaultStateDir);
+      // What is mounted below it (a pod's /dev/shm left by a failure) goes with it.
+      if (options.stateOnTmpfs === true) execFileSync('umount', ['--recursive', '--lazy', paths.state]);
       if (process.env['TSBOX_E2E_KEEP'] !== '1') await removeTree(dir);
       return killed;
     },

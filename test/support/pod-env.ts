@@ -104,6 +104,12 @@ export async function startPodEnv(
     containerdToml?: string;
     /** Node flags for tsbox's process (before its main script), e.g. heap snapshot flags. */
     tsboxNodeFlags?: readonly string[];
+    /**
+     * The files a node keeps under /run on a tmpfs (this machine's /run is not one): containerd's
+     * state dir, with the runc shims' runc root below it (their default is /run/containerd/runc)
+     * and tsbox's tasks (below containerd's state dir). Records and images stay on disk.
+     */
+    runOnTmpfs?: boolean;
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason();
@@ -138,14 +144,15 @@ export async function startPodEnv(
       sandboxerName: TSBOX_HANDLER,
       runtimeType: 'io.containerd.runc.v2',
       logLevel: options.containerdLogLevel ?? 'info',
-      extraToml: `
+      stateOnTmpfs: options.runOnTmpfs === true,
+      extraToml: (paths) => `
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "podsandbox"
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${TSBOX_TASK_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = ${JSON.stringify(TSBOX_HANDLER)}
-${options.containerdToml ?? ''}`,
+${options.runOnTmpfs === true ? [RUNC_HANDLER, TSBOX_HANDLER].map((h) => `[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${h}.options]\n  Root = ${JSON.stringify(path.join(paths.state, 'runc'))}\n`).join('') : ''}${options.containerdToml ?? ''}`,
     });
     // CNI: containerd's private bin dir gets the Debian plugins, its conf dir our bridge.
     for (const plugin of ['bridge', 'host-local', 'loopback']) {
