@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
@@ -25,7 +25,7 @@ import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { type Helper, HelperService } from './runtime/helper-service.js';
-import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, type TaskServer } from './tasks/serve.js';
+import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './task-events.js';
 
 /** A running daemon. */
@@ -101,12 +101,25 @@ function checkContainerShims(config: Config, logger: Logger): void {
 async function startTasks(config: Config, logger: Logger, helper: Helper): Promise<TaskServer> {
   const log = logger.child({ component: 'tasks' });
   // The tasks' directory below containerd's state dir is one tsbox's, as its state dir is.
+  // containerd's state dir, when tsbox comes first, as containerd would make it (0711: not
+  // 0700, which user-namespaced pods and a socket group need); tsbox's own part 0700.
   const { locked } = taskDirs(config.containerdState);
+  await mkdir(config.containerdState, { recursive: true, mode: 0o711 });
   await mkdir(locked, { recursive: true, mode: 0o700 });
   const lock = await lockStateDir(locked, config.shimPath, logger.child({ component: 'state-lock' })).catch((err: unknown) => {
     if (!(err instanceof StateDirInUseError)) throw err;
     throw new OperatorError(EXIT.usage, err.message, `another tsbox serves tasks for the containerd whose state dir is ${config.containerdState}: stop it (pid ${err.holderPid ?? 'in the lock file'}), or give this tsbox another containerd`);
   });
+  try {
+    return await serveTasks(config, log, helper, lock);
+  } catch (err) {
+    await lock.release();
+    throw err;
+  }
+}
+
+async function serveTasks(config: Config, log: Logger, helper: Helper, lock: StateLock): Promise<TaskServer> {
+  await writeFile(tasksServedMark(config.stateDir), '', { mode: 0o600 });
   const { manager } = detectCgroups();
   const events = containerdTaskEvents(config.containerdAddress, log);
   const server = await startTaskServer({
@@ -122,9 +135,8 @@ async function startTasks(config: Config, logger: Logger, helper: Helper): Promi
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),
-  }).catch(async (err: unknown) => {
+  }).catch((err: unknown) => {
     events.close();
-    await lock.release();
     throw err;
   });
   return {

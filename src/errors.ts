@@ -1,4 +1,5 @@
-import { readFile } from './fs-now.js';
+import { readFile } from 'node:fs/promises';
+import { readFile as readFileNow } from './fs-now.js';
 
 /**
  * The kinds of error tsbox answers with and their gRPC status codes (the numbers are the
@@ -104,9 +105,22 @@ export function withPath(err: unknown, path: string, what = 'access'): TsboxErro
 }
 
 /** The text of `path`, or undefined when it (or its process, for /proc) is gone; any other failure throws, naming the path. */
-export async function readIfPresent(path: string, also: readonly string[] = []): Promise<string | undefined> {
+export function readIfPresent(path: string, also: readonly string[] = []): Promise<string | undefined> {
+  return readOrGone(path, also, readFile);
+}
+
+/**
+ * As readIfPresent, read at once on tsbox's thread (src/fs-now.ts): for tsbox's own small files,
+ * cgroupfs and a process's /proc stat or cgroup, never for what can wait on another process or a
+ * device (another process's cmdline takes its memory map's lock; a FUSE mount waits for its daemon).
+ */
+export function readIfPresentNow(path: string, also: readonly string[] = []): Promise<string | undefined> {
+  return readOrGone(path, also, readFileNow);
+}
+
+async function readOrGone(path: string, also: readonly string[], read: (path: string, encoding: 'utf8') => Promise<string>): Promise<string | undefined> {
   try {
-    return await readFile(path, 'utf8');
+    return await read(path, 'utf8');
   } catch (err) {
     if (isGone(err, also)) return undefined;
     throw withPath(err, path, 'read');

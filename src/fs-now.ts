@@ -1,12 +1,14 @@
-import { type Dirent, type Stats, lstatSync, readFileSync, readdirSync, realpathSync, statSync, writeFileSync } from 'node:fs';
+import { type Dirent, type Stats, lstatSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 
 /**
  * File calls made at once on tsbox's own thread, with the signatures of node:fs/promises (a
- * failure is a rejected promise, as there): reads of small files (procfs, cgroupfs, a bundle's
- * config.json, the holders' and supervisors' own files, runc's state), lookups of a path, and
- * writes to procfs. The page cache or the kernel answers each in microseconds; through libuv's
- * thread pool the same call costs tsbox 0.1 to 0.4 ms of CPU in hand-offs (a 12-byte readFile:
- * 297 us of CPU, against 7 us at once, here).
+ * failure is a rejected promise, as there): reads of small files (tsbox's own, cgroupfs, a
+ * process's /proc stat or cgroup, a bundle's config.json, runc's state) and lookups in tsbox's
+ * own directories, and writes to procfs. Never for what can wait on another process or a device:
+ * another process's cmdline (its memory map's lock), anything inside a container's rootfs (a
+ * FUSE snapshotter waits for its daemon). The page cache or the kernel answers each in
+ * microseconds; through libuv's thread pool the same call costs tsbox 0.1 to 0.4 ms of CPU in
+ * hand-offs (a 12-byte readFile: 297 us of CPU, against 7 us at once, here).
  *
  * What changes a disk file system stays in the pool, however small: a create, mkdir, rename
  * or unlink on ext4 waits for the journal, which other processes' fsyncs hold (1 to 3 ms a
@@ -33,11 +35,6 @@ export function lstat(path: string): Promise<Stats> {
 
 export function stat(path: string): Promise<Stats> {
   return now(() => statSync(path));
-}
-
-/** One call of the C library's realpath(3), which node:fs/promises' realpath also makes. */
-export function realpath(path: string): Promise<string> {
-  return now(() => realpathSync.native(path));
 }
 
 export function readdirEntries(path: string): Promise<Dirent[]> {

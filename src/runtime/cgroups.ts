@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresent, withPath } from '../errors.js';
+import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresentNow, withPath } from '../errors.js';
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';
@@ -160,7 +160,7 @@ async function treeOf(dir: string): Promise<string[]> {
 /** The pids listed in cgroup.procs of `dir` and of every cgroup below it. */
 async function pidsBelow(dir: string): Promise<number[]> {
   const lists = await Promise.all(
-    (await treeOf(dir)).map(async (d) => ((await readIfPresent(join(d, 'cgroup.procs'))) ?? '').split('\n').filter((l) => l !== '').map(Number)),
+    (await treeOf(dir)).map(async (d) => ((await readIfPresentNow(join(d, 'cgroup.procs'))) ?? '').split('\n').filter((l) => l !== '').map(Number)),
   );
   return lists.flat();
 }
@@ -383,7 +383,7 @@ export class CgroupV1 implements CgroupManager {
     if (state !== undefined && (await writeIfPresent(state, 'FROZEN'))) {
       try {
         // FREEZING until every task is frozen; one that never is gets killed all the same.
-        await pollUntil(async () => (await readIfPresent(state))?.trim() !== 'FREEZING', bound);
+        await pollUntil(async () => (await readIfPresentNow(state))?.trim() !== 'FREEZING', bound);
         for (const pid of await this.pids(path)) signalProcess(pid, 'SIGKILL');
       } finally {
         await writeIfPresent(state, 'THAWED');
@@ -670,7 +670,7 @@ export class CgroupV2 implements CgroupManager {
       if (await writeIfPresent(freeze, '1')) {
         try {
           // cgroup.events says "frozen 1" once every process is frozen.
-          await pollUntil(async () => !/^frozen 0$/m.test((await readIfPresent(join(dir, 'cgroup.events'))) ?? ''), bound);
+          await pollUntil(async () => !/^frozen 0$/m.test((await readIfPresentNow(join(dir, 'cgroup.events'))) ?? ''), bound);
           for (const pid of await this.pids(path)) signalProcess(pid, 'SIGKILL');
         } finally {
           await writeIfPresent(freeze, '0');

@@ -5,7 +5,7 @@ import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, errnoOf, messageOf, readIfPresent } from '../errors.js';
+import { TsboxError, abortError, errnoOf, messageOf, readIfPresentNow } from '../errors.js';
 import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
 import { type HelperService, spawnThrough } from './helper-service.js';
 import { parseExitFile } from './process-backend.js';
@@ -150,7 +150,7 @@ async function runHolder(io: HolderIo, args: string[], what: string): Promise<Co
   if (line.startsWith('error ')) throw new TsboxError('FailedPrecondition', `cannot ${what}: ${line.slice(6)}`);
   const ok = /^ok (\d+) (\d+)$/.exec(line);
   if (ok === null) throw new TsboxError('Internal', `container holder failed: ${('line' in said ? line : said.said).slice(0, 300)}`);
-  const record = parseHolderRecord((await readIfPresent(join(io.dir, 'pid'))) ?? '');
+  const record = parseHolderRecord((await readIfPresentNow(join(io.dir, 'pid'))) ?? '');
   if (record === undefined || record.holderPid !== Number(ok[1]) || record.pid !== Number(ok[2])) {
     throw new TsboxError('Internal', `container holder ${ok[1]} answered but ${join(io.dir, 'pid')} does not name it`);
   }
@@ -174,7 +174,7 @@ async function startThroughService(io: HolderIo, args: string[], what: string): 
   } catch (err) {
     // The request's end ended a holder that had not answered (and runc with it); one that
     // answered meanwhile is found by the record it writes first, and ended.
-    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresent(join(io.dir, 'holder'))) ?? '');
+    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresentNow(join(io.dir, 'holder'))) ?? '');
     if (early !== null) await endWorkingHolder(Number(early[1]), early[2] as string, HOLDER_KILL_WAIT_MS);
     throw err;
   }
@@ -221,15 +221,15 @@ function lostExit(): ExitInfo {
 export async function findContainerHolder(dir: string): Promise<FoundHolder> {
   const exit = await readExit(dir);
   if (exit !== undefined) return { kind: 'exited', exit };
-  const record = parseHolderRecord((await readIfPresent(join(dir, 'pid'))) ?? '');
+  const record = parseHolderRecord((await readIfPresentNow(join(dir, 'pid'))) ?? '');
   if (record === undefined) {
-    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresent(join(dir, 'holder'))) ?? '');
+    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresentNow(join(dir, 'holder'))) ?? '');
     if (early === null) return { kind: 'absent' };
     const holderPid = Number(early[1]);
     const holderStart = early[2] as string;
     if (!(await isSameProcess(holderPid, holderStart))) return { kind: 'absent' };
     // It may have answered between the first read and this one.
-    const answered = parseHolderRecord((await readIfPresent(join(dir, 'pid'))) ?? '');
+    const answered = parseHolderRecord((await readIfPresentNow(join(dir, 'pid'))) ?? '');
     if (answered === undefined) return { kind: 'working', holderPid, holderStart };
     return { kind: 'running', holder: new ContainerHolder(dir, answered) };
   }
@@ -250,7 +250,7 @@ export async function endWorkingHolder(holderPid: number, holderStart: string, t
 
 /** Reads `<dir>/exit`; undefined while there is none. A malformed file is an error. */
 export async function readExit(dir: string): Promise<ExitInfo | undefined> {
-  const text = await readIfPresent(join(dir, 'exit'));
+  const text = await readIfPresentNow(join(dir, 'exit'));
   if (text === undefined) return undefined;
   const exit = parseExitFile(text);
   if (exit === undefined) throw new TsboxError('Internal', `unreadable exit file ${join(dir, 'exit')}: ${JSON.stringify(text.slice(0, 80))}`);

@@ -1,4 +1,4 @@
-import { readIfPresent } from '../errors.js';
+import { readIfPresentNow } from '../errors.js';
 
 /** What tsbox reads of /proc/PID/stat. */
 export interface ProcessStat {
@@ -12,7 +12,7 @@ export async function processStat(pid: number): Promise<ProcessStat | undefined>
   if (!Number.isInteger(pid) || pid <= 0) return undefined;
   // No such process (or it is gone while read): nothing to trust, which is what undefined
   // means. Any other failure is thrown with the path: a check that cannot be made is not "gone".
-  const stat = await readIfPresent(`/proc/${pid}/stat`);
+  const stat = await readIfPresentNow(`/proc/${pid}/stat`);
   if (stat === undefined) return undefined;
   // The command name (field 2) is in parentheses and may contain spaces or ')'.
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');

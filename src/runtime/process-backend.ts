@@ -18,7 +18,7 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
@@ -506,7 +506,7 @@ export class ProcessBackend implements RuntimeBackend {
   async #verifiedHandle(dir: string, handle: ProcessHandle): Promise<ProcessHandle | undefined> {
     if (await isSameProcess(handle.pid, handle.pidStart)) return handle;
     // No pid file to correct the handle with: the handle is not verified.
-    const text = (await readIfPresent(join(dir, 'pid'))) ?? '';
+    const text = (await readIfPresentNow(join(dir, 'pid'))) ?? '';
     const [shimPid, pid] = text.trim().split(' ').map(Number);
     if (shimPid !== handle.shimPid || pid === undefined) return undefined;
     const stat = await processStat(pid);
@@ -530,7 +530,7 @@ export class ProcessBackend implements RuntimeBackend {
     const dir = this.#opts.layout.sandboxDir(spec.namespace, spec.id);
     // No pid file: the supervisor never ran. Unreadable: its process must not be left
     // running without a record, so the caller hears of it (readIfPresent throws).
-    const text = (await readIfPresent(join(dir, 'pid'))) ?? '';
+    const text = (await readIfPresentNow(join(dir, 'pid'))) ?? '';
     const [shimPid = 0, pid = 0] = text.trim().split(' ').map(Number);
     const key = `${spec.namespace}/${spec.id}`;
     const path = this.#cgroupPath(spec);
@@ -540,7 +540,7 @@ export class ProcessBackend implements RuntimeBackend {
       // it, a sandbox process is ours only if it sits in this sandbox's cgroup. A process
       // that is gone has neither file: nothing of it is ours to kill.
       const cmdline = (await readIfPresent(`/proc/${shimPid}/cmdline`)) ?? '';
-      const cgroup = (await readIfPresent(`/proc/${pid}/cgroup`)) ?? '';
+      const cgroup = (await readIfPresentNow(`/proc/${pid}/cgroup`)) ?? '';
       ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${path}`));
       if (ours) {
         this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');

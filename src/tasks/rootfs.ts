@@ -1,4 +1,4 @@
-import { realpath } from '../fs-now.js';
+import { realpath } from 'node:fs/promises';
 import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
 import { TsboxError, isGone, messageOf, withPath } from '../errors.js';

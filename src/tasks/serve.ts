@@ -4,7 +4,7 @@ import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../errors.js';
+import { TsboxError, errnoOf, isGone, readIfPresentNow, withPath } from '../errors.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
 import type { HelperService } from '../runtime/helper-service.js';
 import { TtrpcServer } from '../ttrpc/server.js';
@@ -28,9 +28,19 @@ export function formerTaskDirs(stateDir: string): { dir: string; runcRoot: strin
   return { dir: join(stateDir, 'tasks'), runcRoot: join(stateDir, 'runc') };
 }
 
-/** True when tasks from an earlier run are recorded: they must be served even if no handler asks any more. */
+/**
+ * In tsbox's state dir once it has served tasks: the tasks below containerd's state dir are then
+ * its own to look for. Another tsbox of the node (a state dir of its own, no task handlers) does
+ * not take them for its own, nor fail on that directory's lock.
+ */
+export function tasksServedMark(stateDir: string): string {
+  return join(stateDir, 'tasks-served');
+}
+
+/** True when this tsbox's tasks from an earlier run are recorded: they must be served even if no handler asks any more. */
 export async function hasRecordedTasks(stateDir: string, containerdState: string): Promise<boolean> {
-  for (const dir of [taskDirs(containerdState).tasks, formerTaskDirs(stateDir).dir]) {
+  const served = (await readIfPresentNow(tasksServedMark(stateDir))) !== undefined;
+  for (const dir of served ? [formerTaskDirs(stateDir).dir, taskDirs(containerdState).tasks] : [formerTaskDirs(stateDir).dir]) {
     try {
       if ((await readdir(dir)).length > 0) return true;
     } catch (err) {
@@ -48,7 +58,7 @@ export async function hasRecordedTasks(stateDir: string, containerdState: string
 export function containerCgroups(manager: CgroupManager): ContainerCgroups {
   return {
     async locate(pid) {
-      const text = await readIfPresent(`/proc/${pid}/cgroup`);
+      const text = await readIfPresentNow(`/proc/${pid}/cgroup`);
       if (text === undefined) return undefined;
       for (const line of text.split('\n')) {
         const [, controllers, path] = /^\d+:([^:]*):(.*)$/.exec(line) ?? [];

@@ -5,7 +5,7 @@ import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresent, withPath } from '../errors.js';
+import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresentNow, withPath } from '../errors.js';
 import { Options as RuncHandlerOptions } from '../gen/containerd/runc/v1/options.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
 import { Status } from '../gen/containerd/v1/types/task.js';
@@ -197,7 +197,7 @@ const EXIT_REPORTED = 'exit-reported';
 const DELETE_KILL_MS = 10_000;
 
 async function exists(path: string): Promise<boolean> {
-  return (await readIfPresent(path)) !== undefined;
+  return (await readIfPresentNow(path)) !== undefined;
 }
 
 /** Short, fixed-length directory names: a holder's control socket path must fit 108 bytes. */
@@ -326,7 +326,7 @@ export class TaskTable {
         systemdCgroup: options.systemdCgroup,
         runcPath: options.binaryName || this.#opts.runcPath,
         runcRoot: join(this.#opts.runcRoot, ns),
-        sandboxId: ((await readIfPresent(join(request.bundle, 'sandbox'))) ?? '').trim(),
+        sandboxId: ((await readIfPresentNow(join(request.bundle, 'sandbox'))) ?? '').trim(),
       };
       const rootfs = join(request.bundle, 'rootfs');
       await rm(dir, { recursive: true, force: true });
@@ -784,7 +784,7 @@ export class TaskTable {
 
   /** `runcRoot`: the root of the directory the task was found in, for a record that names none. */
   async #recoverTask(dir: string, runcRoot: string): Promise<void> {
-    const text = await readIfPresent(join(dir, 'task.json'));
+    const text = await readIfPresentNow(join(dir, 'task.json'));
     if (text === undefined) {
       // A Create that did not finish: nothing was answered, nothing to keep.
       await rm(dir, { recursive: true, force: true });
@@ -792,8 +792,15 @@ export class TaskTable {
     }
     const read = JSON.parse(text) as TaskRecord;
     const record: TaskRecord = { ...read, runcRoot: read.runcRoot ?? join(runcRoot, read.namespace) };
+    const known = this.#tasks.get(this.#key(record.namespace, record.id));
+    if (known !== undefined) {
+      // The same id in both places (a record of the former place left after a failure, and the
+      // id made again): the one found first is served; this one is left for an operator.
+      this.#log.error({ id: record.id, ns: record.namespace, dir, served: known.dir }, 'a task recorded twice: this record is left as it is');
+      return;
+    }
     const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
-    task.cgroup = (await readIfPresent(join(dir, 'cgroup'))) || undefined;
+    task.cgroup = (await readIfPresentNow(join(dir, 'cgroup'))) || undefined;
     await this.#recoverProc(task, task.init);
     if (task.init.holder === undefined && task.init.exit === undefined) {
       // A Create that never answered: undo what it did; containerd asks again or gives up.
@@ -809,7 +816,7 @@ export class TaskTable {
     if (task.init.holder !== undefined && task.init.exit === undefined) void this.#watchOom(task);
     for (const name of await readdir(dir)) {
       if (!name.startsWith('e-')) continue;
-      const execText = await readIfPresent(join(dir, name, 'exec.json'));
+      const execText = await readIfPresentNow(join(dir, name, 'exec.json'));
       if (execText === undefined) continue;
       const exec = JSON.parse(execText) as ExecRecord;
       const proc = new Proc(exec.execId, join(dir, name), exec, exec.spec);

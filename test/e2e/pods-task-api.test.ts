@@ -6,14 +6,14 @@
  * containerd with containers running, and nothing of the pod left after it.
  */
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { createSandboxClients, grpc } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
-import { tsboxMain, waitFor } from '../support/tsbox-daemon.js';
+import { createSandboxerDaemon, tsboxMain, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -254,7 +254,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await assertNothingLeft(id, [quick, c]);
     }));
 
-  test("the tasks' files live below containerd's state dir; a second tsbox for the same containerd, with a state dir and sockets of its own, exits 2 naming that directory and the first tsbox; the first keeps serving", () =>
+  test("the tasks' files live below containerd's state dir; a second tsbox for the same containerd serving tasks exits 2 naming that directory and the first tsbox, one serving no tasks starts and serves; the first keeps serving", () =>
     withLogs(async () => {
       const config = env.podConfig('one-tsbox');
       const id = await runPod(config, TSBOX_TASK_HANDLER);
@@ -266,6 +266,17 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const second = await env.tsbox.run([tsboxMain, 'serve', '--socket', `${other}.sock`, '--state-dir', other, '--containerd-config', env.containerd.paths.configPath, '--task-socket', `${other}-task.sock`, '--task-api-handlers', TSBOX_TASK_HANDLER], 30_000);
       assert.equal(second.code, 2, `exit ${second.code}; stderr: ${second.stderr}`);
       assert.ok(second.stderr.includes(tasksDir) && second.stderr.includes(`pid ${env.tsbox.pid}`), `the error names ${tasksDir} and pid ${env.tsbox.pid}: ${second.stderr}`);
+      // A tsbox of its own state dir and no Task API handler (the shim route only) takes none of
+      // those tasks for its own: it starts and answers while the first one's tasks run.
+      const third = await createSandboxerDaemon(tsboxSandboxer({ args: ['--containerd-config', env.containerd.paths.configPath] }), { label: 'tsbox-third-' });
+      try {
+        await third.start();
+        const status = await third.client(CRI_NS).status({ sandboxId: 'absent' }).catch((err: { code?: number }) => err.code);
+        assert.equal(status, 5, 'it serves (NotFound for a sandbox it does not have)');
+        assert.equal(existsSync(path.join(third.stateDir, 'tasks-served')), false, 'it has served no tasks');
+      } finally {
+        await third.teardown();
+      }
       assert.equal((await containerState(c)).state, 'CONTAINER_RUNNING');
       const { code, stdout } = await exec(c, ['echo', 'still served']);
       assert.equal(code, 0);

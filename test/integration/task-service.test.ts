@@ -161,8 +161,11 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
       s.client.close();
       await s.server.close(0);
     }
-    for (const id of existsSync(path.join(scratch, 'runc', NS)) ? runcList() : []) {
-      execFileSync('runc', ['--root', path.join(scratch, 'runc', NS), 'delete', '--force', id], { stdio: 'ignore' });
+    // Every runc root a test used (the tables on another layout too), also after a failure.
+    for (const root of ['runc', 'old-state/runc', 'run/runc']) {
+      for (const id of existsSync(path.join(scratch, root, NS)) ? runcList(root) : []) {
+        execFileSync('runc', ['--root', path.join(scratch, root, NS), 'delete', '--force', id], { stdio: 'ignore' });
+      }
     }
     unmountBelow(scratch);
     await removeTree(scratch);
