@@ -121,8 +121,8 @@ interface TaskRecord extends ProcessIo {
   readonly bundle: string;
   readonly systemdCgroup: boolean;
   readonly runcPath: string;
-  /** runc's root for the container (its namespace's directory); absent in a record of a tsbox that kept one root. */
-  readonly runcRoot?: string;
+  /** runc's root for the container (its namespace's directory); recovery fills it in for a record of a tsbox that kept one root. */
+  readonly runcRoot: string;
   /** The sandbox the task belongs to (containerd's `<bundle>/sandbox`); '' when it names none. */
   readonly sandboxId?: string;
 }
@@ -260,7 +260,7 @@ export class TaskTable {
   }
 
   #runc(record: TaskRecord): RuncOptions {
-    return { runcPath: record.runcPath, root: record.runcRoot ?? join(this.#opts.runcRoot, record.namespace), systemdCgroup: record.systemdCgroup };
+    return { runcPath: record.runcPath, root: record.runcRoot, systemdCgroup: record.systemdCgroup };
   }
 
   #get(ns: string, id: string): Task {
@@ -790,7 +790,7 @@ export class TaskTable {
       await rm(dir, { recursive: true, force: true });
       return;
     }
-    const read = JSON.parse(text) as TaskRecord;
+    const read = JSON.parse(text) as Omit<TaskRecord, 'runcRoot'> & { readonly runcRoot?: string };
     const record: TaskRecord = { ...read, runcRoot: read.runcRoot ?? join(runcRoot, read.namespace) };
     const known = this.#tasks.get(this.#key(record.namespace, record.id));
     if (known !== undefined) {
