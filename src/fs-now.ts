@@ -1,4 +1,6 @@
-import { type Dirent, type Stats, lstatSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { type Dirent, type Stats, lstatSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import * as pool from 'node:fs/promises';
+import { dirname } from 'node:path';
 
 /**
  * File calls made at once on tsbox's own thread, with the signatures of node:fs/promises (a
@@ -12,7 +14,9 @@ import { type Dirent, type Stats, lstatSync, readFileSync, readdirSync, statSync
  *
  * What changes a disk file system stays in the pool, however small: a create, mkdir, rename
  * or unlink on ext4 waits for the journal, which other processes' fsyncs hold (1 to 3 ms a
- * call with four pods starting at once, here), and tsbox's thread must not wait for that.
+ * call with four pods starting at once, here), and tsbox's thread must not wait for that. On a
+ * file system held in memory (tmpfs, ramfs: /run on a node, where the Task API route keeps its
+ * tasks' files) there is no journal to wait for: changesFor() makes them at once there too.
  */
 
 /** `call()` made now, its result or failure as a settled promise. */
@@ -39,4 +43,48 @@ export function stat(path: string): Promise<Stats> {
 
 export function readdirEntries(path: string): Promise<Dirent[]> {
   return now(() => readdirSync(path, { withFileTypes: true }));
+}
+
+/** The calls that change a directory's contents, made at once or through libuv's pool. */
+export interface ChangeCalls {
+  /** True when the calls are made at once (the directory is in memory). */
+  readonly now: boolean;
+  mkdir(path: string, options: { readonly recursive: true; readonly mode: number }): Promise<unknown>;
+  rm(path: string, options: { readonly recursive: true; readonly force: true }): Promise<void>;
+  writeFile(path: string, data: string, options: { readonly mode: number }): Promise<void>;
+  rename(from: string, to: string): Promise<void>;
+}
+
+export const poolCalls: ChangeCalls = {
+  now: false,
+  mkdir: (path, options) => pool.mkdir(path, options),
+  rm: (path, options) => pool.rm(path, options),
+  writeFile: (path, data, options) => pool.writeFile(path, data, options),
+  rename: (from, to) => pool.rename(from, to),
+};
+
+const nowCalls: ChangeCalls = {
+  now: true,
+  mkdir: (path, options) => now(() => mkdirSync(path, options)),
+  rm: (path, options) => now(() => rmSync(path, options)),
+  writeFile: (path, data, options) => now(() => writeFileSync(path, data, options)),
+  rename: (from, to) => now(() => renameSync(from, to)),
+};
+
+/** statfs(2) f_type of the file systems held in memory: tmpfs, ramfs. */
+const MEMORY_FILE_SYSTEMS: ReadonlySet<number> = new Set([0x01021994, 0x858458f6]);
+
+/**
+ * The change calls for files at and below `dir` (or its nearest existing ancestor, when it is
+ * not made yet): at once on a file system held in memory, through the pool on any other, or
+ * when it cannot be told (the calls' own failures then tell what is wrong).
+ */
+export function changesFor(dir: string): ChangeCalls {
+  for (let at = dir; ; at = dirname(at)) {
+    try {
+      return MEMORY_FILE_SYSTEMS.has(Number(statfsSync(at).type)) ? nowCalls : poolCalls;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || at === dirname(at)) return poolCalls;
+    }
+  }
 }

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
-import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
-import { readFile } from '../fs-now.js';
+import { readdir } from 'node:fs/promises';
+import { type ChangeCalls, changesFor, poolCalls, readFile } from '../fs-now.js';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
@@ -212,9 +212,9 @@ function checkId(what: string, id: string): void {
   if (!ID.test(id)) throw new TsboxError('InvalidArgument', `${what} ${JSON.stringify(id.slice(0, 80))} is not a valid id (letters, digits, '_', '.', '-'; at most 128)`);
 }
 
-async function writeJson(path: string, value: unknown): Promise<void> {
-  await writeFile(`${path}.tmp`, JSON.stringify(value), { mode: 0o600 });
-  await rename(`${path}.tmp`, path);
+async function writeJson(fs: ChangeCalls, path: string, value: unknown): Promise<void> {
+  await fs.writeFile(`${path}.tmp`, JSON.stringify(value), { mode: 0o600 });
+  await fs.rename(`${path}.tmp`, path);
 }
 
 /** True when the Any holds JSON equal to `value`. */
@@ -246,9 +246,24 @@ export class TaskTable {
   readonly #tasks = new Map<string, Task>();
   readonly #queue = new SerialQueue<string>();
 
+  /** The change calls for the tasks' directory and for their runc root (at once on a tmpfs). */
+  readonly #dirChanges: ChangeCalls;
+  readonly #runcChanges: ChangeCalls;
+
   constructor(options: TaskTableOptions) {
     this.#opts = options;
     this.#log = options.logger.child({ component: 'tasks' });
+    this.#dirChanges = changesFor(options.dir);
+    this.#runcChanges = changesFor(options.runcRoot);
+    this.#log.debug({ dir: options.dir, atOnce: this.#dirChanges.now, runcRootAtOnce: this.#runcChanges.now }, 'where task files are changed at once');
+  }
+
+  /** The change calls for `path`: a task's files in the former place go through the pool. */
+  #changes(path: string): ChangeCalls {
+    const below = (dir: string): boolean => path === dir || path.startsWith(`${dir}/`);
+    if (below(this.#opts.dir)) return this.#dirChanges;
+    if (below(this.#opts.runcRoot)) return this.#runcChanges;
+    return poolCalls;
   }
 
   get size(): number {
@@ -329,14 +344,15 @@ export class TaskTable {
         sandboxId: ((await readIfPresentNow(join(request.bundle, 'sandbox'))) ?? '').trim(),
       };
       const rootfs = join(request.bundle, 'rootfs');
-      await rm(dir, { recursive: true, force: true });
-      await mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
-      await mkdir(this.#runc(record).root, { recursive: true, mode: 0o700 });
+      const fs = this.#changes(dir);
+      await fs.rm(dir, { recursive: true, force: true });
+      await fs.mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
+      await this.#changes(this.#runc(record).root).mkdir(this.#runc(record).root, { recursive: true, mode: 0o700 });
       let mounted = false;
       let holder: ContainerHolder | undefined;
       try {
         // First, so that a tsbox that dies part-way leaves a record naming what to undo.
-        await writeJson(join(dir, 'task.json'), record);
+        await writeJson(fs, join(dir, 'task.json'), record);
         const t0 = performance.now();
         if (request.rootfs.length > 0) {
           await this.#opts.rootfs.mount(request.rootfs, rootfs, signal);
@@ -370,7 +386,7 @@ export class TaskTable {
         task.init.holder = holder;
         task.cgroup = await this.#locate(holder.pid);
         // Kept for a restarted tsbox: the init's /proc entry, which locates it, goes at its exit.
-        if (task.cgroup !== undefined) await writeFile(join(dir, 'cgroup'), task.cgroup, { mode: 0o600 });
+        if (task.cgroup !== undefined) await fs.writeFile(join(dir, 'cgroup'), task.cgroup, { mode: 0o600 });
         this.#tasks.set(key, task);
         this.#watch(task, task.init);
         void this.#watchOom(task);
@@ -385,7 +401,7 @@ export class TaskTable {
           if (!isTsboxError(e, 'NotFound')) this.#log.error({ err: e, id: request.id }, 'cannot delete the container of a failed create');
         });
         if (mounted) await this.#opts.rootfs.unmount(rootfs).catch((e: unknown) => this.#log.error({ err: e, rootfs }, 'cannot unmount the rootfs of a failed create'));
-        await rm(dir, { recursive: true, force: true }).catch((e: unknown) => this.#log.error({ err: e, dir }, 'cannot remove a failed task\'s directory'));
+        await fs.rm(dir, { recursive: true, force: true }).catch((e: unknown) => this.#log.error({ err: e, dir }, 'cannot remove a failed task\'s directory'));
         throw err;
       }
     });
@@ -451,7 +467,7 @@ export class TaskTable {
     if (proc.execId === '' && this.#opts.cgroups !== undefined) await this.#reportOom(task, exit);
     proc.settle(exit);
     this.#opts.events.exited(task.record.namespace, task.record.id, proc.execId, proc.pid, exit, () =>
-      writeFile(join(proc.dir, EXIT_REPORTED), '', { mode: 0o600 }).catch((err: unknown) => {
+      this.#changes(proc.dir).writeFile(join(proc.dir, EXIT_REPORTED), '', { mode: 0o600 }).catch((err: unknown) => {
         // Gone: the process was deleted meanwhile, and its directory with it.
         if (!isGone(err)) this.#log.warn({ err, dir: proc.dir }, 'cannot mark an exit as published; a restarted tsbox publishes it again');
       }),
@@ -544,9 +560,10 @@ export class TaskTable {
         throw new TsboxError('InvalidArgument', `exec ${execId}: the process spec is not an OCI process in JSON: ${messageOf(err)}`, { cause: err });
       }
       const dir = join(task.dir, `e-${shortName(execId)}`);
-      await mkdir(dir, { recursive: true, mode: 0o700 });
+      const fs = this.#changes(dir);
+      await fs.mkdir(dir, { recursive: true, mode: 0o700 });
       const record: ExecRecord = { execId, spec: process, ...io };
-      await writeJson(join(dir, 'exec.json'), record);
+      await writeJson(fs, join(dir, 'exec.json'), record);
       task.execs.set(execId, new Proc(execId, dir, io, process));
       this.#opts.events.execAdded(ns, id, execId);
     });
@@ -607,7 +624,7 @@ export class TaskTable {
       if (proc.status === Status.RUNNING) throw new TsboxError('FailedPrecondition', `cannot delete process ${execId || id}: it is running`);
       if (execId !== '') {
         const exit = proc.exit ?? { status: 0, exitedAt: systemClock(), reason: 'never started' };
-        await rm(proc.dir, { recursive: true, force: true });
+        await this.#changes(proc.dir).rm(proc.dir, { recursive: true, force: true });
         // A Wait on an exec deleted before it ran ends with it.
         proc.settle(exit);
         task.execs.delete(execId);
@@ -637,7 +654,7 @@ export class TaskTable {
       const { detached } = await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
       if (detached.length > 0) this.#log.warn({ id, detached }, 'the rootfs was still busy at delete: detached lazily, it goes when its last user does');
       const t2 = performance.now();
-      await rm(task.dir, { recursive: true, force: true });
+      await this.#changes(task.dir).rm(task.dir, { recursive: true, force: true });
       const ms = (x: number): number => Math.round(x * 10) / 10;
       this.#log.debug({ id, runcDelete: !done, deleteMs: ms(t1 - t0), unmountMs: ms(t2 - t1) }, 'task deleted');
       task.deleted = true;
@@ -787,7 +804,7 @@ export class TaskTable {
     const text = await readIfPresentNow(join(dir, 'task.json'));
     if (text === undefined) {
       // A Create that did not finish: nothing was answered, nothing to keep.
-      await rm(dir, { recursive: true, force: true });
+      await this.#changes(dir).rm(dir, { recursive: true, force: true });
       return;
     }
     const read = JSON.parse(text) as Omit<TaskRecord, 'runcRoot'> & { readonly runcRoot?: string };
@@ -809,7 +826,7 @@ export class TaskTable {
         if (!isTsboxError(err, 'NotFound')) this.#log.error({ err, id: record.id }, 'cannot delete the container of an unfinished create');
       });
       await this.#opts.rootfs.unmount(join(record.bundle, 'rootfs'));
-      await rm(dir, { recursive: true, force: true });
+      await this.#changes(dir).rm(dir, { recursive: true, force: true });
       return;
     }
     if (task.cgroup === undefined && task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);

@@ -3,7 +3,8 @@
  * route, so Start answers tsbox's task socket with version 3 and containerd speaks the Task API
  * to tsbox for every container, with no runc shim per pod. End to end through containerd's CRI
  * plugin: containers, exec, logs, exit codes, stop with a grace period, stats, OOM, restarts of
- * containerd with containers running, and nothing of the pod left after it.
+ * containerd with containers running, and nothing of the pod left after it. containerd's state
+ * dir is on a tmpfs, as on a node.
  */
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
@@ -33,7 +34,9 @@ function holders(): string[] {
 }
 
 describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { timeout: 600_000 }, () => {
-  const harness = usePodEnv();
+  // containerd's state dir on a tmpfs, as /run/containerd on a node: the tasks' files below it
+  // are changed at once there (the integration tier has them on disk, through the pool).
+  const harness = usePodEnv({ runOnTmpfs: true });
   const { withLogs, runPod, startContainer, exec, sh, removePod, assertNothingLeft } = harness;
   let env: PodEnv;
   before(() => {

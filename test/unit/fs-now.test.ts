@@ -1,0 +1,63 @@
+import assert from 'node:assert/strict';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { changesFor } from '../../src/fs-now.js';
+import { repoRoot } from '../support/containerd-clients.js';
+
+/** The file system type mounted at `dir` (its own line in mountinfo), or undefined. */
+function fsTypeAt(dir: string): string | undefined {
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const [left, right] = line.split(' - ');
+    if (left?.split(' ')[4] === dir) return right?.split(' ')[0];
+  }
+  return undefined;
+}
+
+describe('changesFor: changes made at once on a file system held in memory', () => {
+  const onShm = mkdtempSync('/dev/shm/tsbox-fs-now-');
+  // The checkout's own directory: on the machine's disk, as tsbox's state dir is.
+  mkdirSync(join(repoRoot, '.cache'), { recursive: true });
+  const onDisk = mkdtempSync(join(repoRoot, '.cache', 'fs-now-'));
+  after(() => {
+    rmSync(onShm, { recursive: true, force: true });
+    rmSync(onDisk, { recursive: true, force: true });
+  });
+
+  it('on a tmpfs, a directory not made yet included, each change is made before the call returns', async () => {
+    assert.equal(fsTypeAt('/dev/shm'), 'tmpfs', 'this test needs /dev/shm to be a tmpfs');
+    const dir = join(onShm, 'tasks', 'not-yet');
+    const fs = changesFor(dir);
+    assert.equal(fs.now, true);
+    const made = fs.mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
+    assert.ok(existsSync(join(dir, 'init')), 'mkdir made the directory before its promise was awaited');
+    await made;
+    const written = fs.writeFile(join(dir, 'task.json.tmp'), '{"id":"a"}', { mode: 0o600 });
+    const renamed = fs.rename(join(dir, 'task.json.tmp'), join(dir, 'task.json'));
+    assert.equal(readFileSync(join(dir, 'task.json'), 'utf8'), '{"id":"a"}');
+    await Promise.all([written, renamed]);
+    const removed = fs.rm(dir, { recursive: true, force: true });
+    assert.equal(existsSync(dir), false);
+    await removed;
+  });
+
+  it('at once, a failure is a rejected promise with its errno, not a throw', async () => {
+    const fs = changesFor(onShm);
+    let promise: Promise<void> | undefined;
+    assert.doesNotThrow(() => {
+      promise = fs.rename(join(onShm, 'missing'), join(onShm, 'other'));
+    });
+    await assert.rejects(promise as Promise<void>, (err: NodeJS.ErrnoException) => err.code === 'ENOENT');
+  });
+
+  it('on a disk file system the changes go through the pool and still do what they say', async () => {
+    const fs = changesFor(join(onDisk, 'a', 'b'));
+    assert.equal(fs.now, false, `${onDisk} is not held in memory`);
+    await fs.mkdir(join(onDisk, 'a', 'b'), { recursive: true, mode: 0o700 });
+    await fs.writeFile(join(onDisk, 'a', 'b', 'f.tmp'), 'x', { mode: 0o600 });
+    await fs.rename(join(onDisk, 'a', 'b', 'f.tmp'), join(onDisk, 'a', 'b', 'f'));
+    assert.equal(readFileSync(join(onDisk, 'a', 'b', 'f'), 'utf8'), 'x');
+    await fs.rm(join(onDisk, 'a'), { recursive: true, force: true });
+    assert.equal(existsSync(join(onDisk, 'a')), false);
+  });
+});
