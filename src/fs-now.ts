@@ -1,4 +1,4 @@
-import { type Dirent, type Stats, lstatSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import { type Dirent, type Stats, lstatSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, rmdirSync, statSync, statfsSync, unlinkSync, writeFileSync } from 'node:fs';
 import * as pool from 'node:fs/promises';
 import { dirname } from 'node:path';
 
@@ -53,6 +53,8 @@ export interface ChangeCalls {
   rm(path: string, options: { readonly recursive: true; readonly force: true }): Promise<void>;
   writeFile(path: string, data: string, options: { readonly mode: number }): Promise<void>;
   rename(from: string, to: string): Promise<void>;
+  unlink(path: string): Promise<void>;
+  rmdir(path: string): Promise<void>;
 }
 
 export const poolCalls: ChangeCalls = {
@@ -61,6 +63,8 @@ export const poolCalls: ChangeCalls = {
   rm: (path, options) => pool.rm(path, options),
   writeFile: (path, data, options) => pool.writeFile(path, data, options),
   rename: (from, to) => pool.rename(from, to),
+  unlink: (path) => pool.unlink(path),
+  rmdir: (path) => pool.rmdir(path),
 };
 
 const nowCalls: ChangeCalls = {
@@ -69,6 +73,8 @@ const nowCalls: ChangeCalls = {
   rm: (path, options) => now(() => rmSync(path, options)),
   writeFile: (path, data, options) => now(() => writeFileSync(path, data, options)),
   rename: (from, to) => now(() => renameSync(from, to)),
+  unlink: (path) => now(() => unlinkSync(path)),
+  rmdir: (path) => now(() => rmdirSync(path)),
 };
 
 /** statfs(2) f_type of the file systems held in memory: tmpfs, ramfs. */
@@ -77,14 +83,26 @@ const MEMORY_FILE_SYSTEMS: ReadonlySet<number> = new Set([0x01021994, 0x858458f6
 /**
  * The change calls for files at and below `dir` (or its nearest existing ancestor, when it is
  * not made yet): at once on a file system held in memory, through the pool on any other, or
- * when it cannot be told (the calls' own failures then tell what is wrong).
+ * when statfs fails (told to `onError`; the calls' own failures then say what is wrong). Asked
+ * once: a file system mounted at or below `dir` later is not seen.
  */
-export function changesFor(dir: string): ChangeCalls {
+export function changesFor(dir: string, onError: (err: unknown, path: string) => void): ChangeCalls {
   for (let at = dir; ; at = dirname(at)) {
     try {
       return MEMORY_FILE_SYSTEMS.has(Number(statfsSync(at).type)) ? nowCalls : poolCalls;
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || at === dirname(at)) return poolCalls;
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT' && at !== dirname(at)) continue;
+      onError(err, at);
+      return poolCalls;
     }
   }
+}
+
+/**
+ * The change calls for `path`: those of the first of `places` it lies at or below, else
+ * through the pool.
+ */
+export function changesAt(path: string, places: readonly { readonly dir: string; readonly calls: ChangeCalls }[]): ChangeCalls {
+  for (const { dir, calls } of places) if (path === dir || path.startsWith(`${dir}/`)) return calls;
+  return poolCalls;
 }

@@ -1,11 +1,11 @@
 import { spawn } from 'node:child_process';
 import { type FSWatcher, watch } from 'node:fs';
-import { writeFile } from 'node:fs/promises';
 import { type Socket, createConnection } from 'node:net';
 import { join } from 'node:path';
 import { systemClock } from '../controller/clock.js';
 import type { CallSignal, ExitInfo } from '../controller/types.js';
 import { TsboxError, abortError, errnoOf, messageOf, readIfPresentNow } from '../errors.js';
+import { type ChangeCalls, poolCalls } from '../fs-now.js';
 import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
 import { type HelperService, spawnThrough } from './helper-service.js';
 import { parseExitFile } from './process-backend.js';
@@ -96,6 +96,8 @@ export interface CreateOptions extends HolderIo {
 export interface ExecOptions extends HolderIo {
   /** The OCI process to run in the container; `terminal` is set from the options. */
   readonly process: Record<string, unknown>;
+  /** How `<dir>/process.json` is written (at once where the directory is held in memory); the pool's by default. */
+  readonly changes?: ChangeCalls;
 }
 
 function ioArgs(io: HolderIo): string[] {
@@ -140,7 +142,7 @@ export function createContainer(options: CreateOptions): Promise<ContainerHolder
 /** Runs a process in a created or running container (runc exec --detach), with its own holder. */
 export async function execProcess(options: ExecOptions): Promise<ContainerHolder> {
   const spec = join(options.dir, 'process.json');
-  await writeFile(spec, JSON.stringify({ ...options.process, terminal: options.terminal }), { mode: 0o600 });
+  await (options.changes ?? poolCalls).writeFile(spec, JSON.stringify({ ...options.process, terminal: options.terminal }), { mode: 0o600 });
   return runHolder(options, ['exec', ...ioArgs(options), '--process', spec], `exec in container ${options.id}`);
 }
 

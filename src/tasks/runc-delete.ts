@@ -1,5 +1,5 @@
-import { rm, rmdir, unlink } from 'node:fs/promises';
-import { readFile, readdirEntries, stat } from '../fs-now.js';
+import { rmdir } from 'node:fs/promises';
+import { type ChangeCalls, readFile, readdirEntries, stat } from '../fs-now.js';
 import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
@@ -21,6 +21,8 @@ export async function deleteStoppedContainer(options: {
   /** runc's state root (`--root`). */
   readonly root: string;
   readonly id: string;
+  /** How runc's state directory is removed (at once where the root is held in memory). */
+  readonly changes: ChangeCalls;
   /** Ends every process of a cgroup (tsbox's cgroup manager); none: runc does it all. */
   readonly kill: ((cgroup: string, bound: Bound) => Promise<void>) | undefined;
   readonly bound: Bound;
@@ -65,7 +67,7 @@ export async function deleteStoppedContainer(options: {
     await allOrFirstError(dirs.map((path) => removeTree(path, options.bound)));
   }
   // runc's state goes once the cgroups have: a failure above leaves it for the next Delete.
-  await removeStateDir(dir);
+  await removeStateDir(dir, options.changes);
   return 'deleted';
 }
 
@@ -79,7 +81,7 @@ async function removedAll(dirs: readonly string[]): Promise<boolean> {
  * runc's state directory of a stopped container: its files (state.json; exec.fifo is gone once
  * started) unlinked side by side, then the directory; anything else in it, recursively.
  */
-async function removeStateDir(dir: string): Promise<void> {
+async function removeStateDir(dir: string, fs: ChangeCalls): Promise<void> {
   let entries;
   try {
     entries = await readdirEntries(dir);
@@ -87,8 +89,8 @@ async function removeStateDir(dir: string): Promise<void> {
     if (isGone(err)) return;
     throw withPath(err, dir, 'list');
   }
-  await allOrFirstError(entries.map((e) => (e.isDirectory() ? rm(join(dir, e.name), { recursive: true, force: true }) : unlink(join(dir, e.name)).catch(ignoreGone))));
-  await rmdir(dir).catch(ignoreGone);
+  await allOrFirstError(entries.map((e) => (e.isDirectory() ? fs.rm(join(dir, e.name), { recursive: true, force: true }) : fs.unlink(join(dir, e.name)).catch(ignoreGone))));
+  await fs.rmdir(dir).catch(ignoreGone);
 }
 
 function ignoreGone(err: unknown): void {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { readdir } from 'node:fs/promises';
-import { type ChangeCalls, changesFor, poolCalls, readFile } from '../fs-now.js';
+import { type ChangeCalls, changesAt, changesFor, readFile } from '../fs-now.js';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
@@ -246,24 +246,23 @@ export class TaskTable {
   readonly #tasks = new Map<string, Task>();
   readonly #queue = new SerialQueue<string>();
 
-  /** The change calls for the tasks' directory and for their runc root (at once on a tmpfs). */
-  readonly #dirChanges: ChangeCalls;
-  readonly #runcChanges: ChangeCalls;
+  /** The tasks' directory and their runc root, with their change calls (at once on a tmpfs). */
+  readonly #places: readonly { readonly dir: string; readonly calls: ChangeCalls }[];
 
   constructor(options: TaskTableOptions) {
     this.#opts = options;
     this.#log = options.logger.child({ component: 'tasks' });
-    this.#dirChanges = changesFor(options.dir);
-    this.#runcChanges = changesFor(options.runcRoot);
-    this.#log.debug({ dir: options.dir, atOnce: this.#dirChanges.now, runcRootAtOnce: this.#runcChanges.now }, 'where task files are changed at once');
+    const unknown = (err: unknown, path: string): void => this.#log.warn({ err, path }, 'cannot tell the file system of the tasks\' files: changed through the thread pool');
+    this.#places = [
+      { dir: options.dir, calls: changesFor(options.dir, unknown) },
+      { dir: options.runcRoot, calls: changesFor(options.runcRoot, unknown) },
+    ];
+    this.#log.info({ dir: options.dir, atOnce: this.#places[0]?.calls.now, runcRoot: options.runcRoot, runcRootAtOnce: this.#places[1]?.calls.now }, 'task files: changed at once where held in memory');
   }
 
   /** The change calls for `path`: a task's files in the former place go through the pool. */
   #changes(path: string): ChangeCalls {
-    const below = (dir: string): boolean => path === dir || path.startsWith(`${dir}/`);
-    if (below(this.#opts.dir)) return this.#dirChanges;
-    if (below(this.#opts.runcRoot)) return this.#runcChanges;
-    return poolCalls;
+    return changesAt(path, this.#places);
   }
 
   get size(): number {
@@ -513,6 +512,7 @@ export class TaskTable {
       try {
         proc.holder = await execProcess({
           dir: proc.dir,
+          changes: this.#changes(proc.dir),
           id,
           root: this.#runc(task.record).root,
           stdin: proc.io.stdin,
@@ -639,6 +639,7 @@ export class TaskTable {
         (await deleteStoppedContainer({
           root: this.#runc(task.record).root,
           id,
+          changes: this.#changes(this.#runc(task.record).root),
           kill: cgroups === undefined ? undefined : (cgroup, bound) => cgroups.kill(cgroup, bound),
           bound: boundOf(DELETE_KILL_MS, signal),
         })) === 'deleted';

@@ -265,6 +265,12 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const tasksDir = path.join(env.containerd.paths.state, 'tsbox');
       assert.equal(readdirSync(path.join(tasksDir, 'runc', CRI_NS)).includes(c), true, "runc's state of the container is below containerd's state dir");
       assert.equal(readdirSync(path.join(tasksDir, 'tasks')).length, 1, 'one task recorded there');
+      // containerd's state dir is a tmpfs here, as on a node: tsbox changes those files at once.
+      const placed = readFileSync(env.tsbox.logPath, 'utf8')
+        .split('\n')
+        .filter((line) => line.includes('task files: changed at once where held in memory'))
+        .map((line) => JSON.parse(line) as { dir?: string; atOnce?: boolean; runcRootAtOnce?: boolean });
+      assert.deepEqual(placed.at(-1), { ...placed.at(-1), dir: path.join(tasksDir, 'tasks'), atOnce: true, runcRootAtOnce: true }, `tsbox's log says where it changes task files: ${JSON.stringify(placed)}`);
       const other = path.join(env.tsbox.dir, 'second');
       const second = await env.tsbox.run([tsboxMain, 'serve', '--socket', `${other}.sock`, '--state-dir', other, '--containerd-config', env.containerd.paths.configPath, '--task-socket', `${other}-task.sock`, '--task-api-handlers', TSBOX_TASK_HANDLER], 30_000);
       assert.equal(second.code, 2, `exit ${second.code}; stderr: ${second.stderr}`);

@@ -3,16 +3,18 @@
 // delete. runc's state is written here as runc 1.1 writes it; cgroup directories are plain
 // directories (rmdir is the same call). test/e2e/pods-task-api.test.ts deletes real ones.
 import assert from 'node:assert/strict';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { boundOf } from '../../src/runtime/bound.js';
+import { type ChangeCalls, changesFor } from '../../src/fs-now.js';
 import { deleteStoppedContainer } from '../../src/tasks/runc-delete.js';
 
 const work = mkdtempSync(path.join(os.tmpdir(), 'tsbox-runc-delete-'));
 after(() => rmSync(work, { recursive: true, force: true }));
 let n = 0;
+const changes = changesFor(work, (err) => assert.fail(String(err)));
 
 /** Field 22 of /proc/self/stat: this process's start time, as runc records its init's. */
 function ownStart(): number {
@@ -52,7 +54,7 @@ function container(overrides: { state?: Record<string, unknown>; config?: Record
     killed.push(cgroup);
     return Promise.resolve();
   };
-  const del = () => deleteStoppedContainer({ root, id, kill, bound: boundOf(1000, new AbortController().signal) });
+  const del = (calls: ChangeCalls = changes) => deleteStoppedContainer({ root, id, changes: calls, kill, bound: boundOf(1000, new AbortController().signal) });
   return { root, id, dir: path.join(root, id), cgroupPaths, killed, del };
 }
 
@@ -62,6 +64,22 @@ describe('a stopped container deleted without runc', () => {
     assert.equal(await c.del(), 'deleted');
     assert.deepEqual(c.killed, [`/k8s.io/${c.id}`]);
     for (const dir of Object.values(c.cgroupPaths)) assert.equal(existsSync(dir), false, `${dir} removed`);
+    assert.equal(existsSync(c.dir), false, 'runc\'s state directory removed');
+  });
+
+  test('runc\'s state directory is removed through the change calls it is given (made at once where runc\'s root is a tmpfs)', async () => {
+    const c = container({ empty: true });
+    const made: string[] = [];
+    const spy: ChangeCalls = {
+      ...changes,
+      unlink: (p) => (made.push(`unlink ${path.relative(c.root, p)}`), changes.unlink(p)),
+      rmdir: (p) => (made.push(`rmdir ${path.relative(c.root, p)}`), changes.rmdir(p)),
+      rm: (p, o) => (made.push(`rm ${path.relative(c.root, p)}`), changes.rm(p, o)),
+    };
+    const files = readdirSync(c.dir).map((f) => `unlink ${c.id}/${f}`);
+    assert.ok(files.includes(`unlink ${c.id}/state.json`));
+    assert.equal(await c.del(spy), 'deleted');
+    assert.deepEqual(made, [...files, `rmdir ${c.id}`]);
     assert.equal(existsSync(c.dir), false, 'runc\'s state directory removed');
   });
 
@@ -143,6 +161,6 @@ describe('what is left to runc delete --force', () => {
 
   test('without a cgroup manager (no cgroups on the host)', async () => {
     const c = container();
-    assert.equal(await deleteStoppedContainer({ root: c.root, id: c.id, kill: undefined, bound: boundOf(1000, new AbortController().signal) }), 'runc');
+    assert.equal(await deleteStoppedContainer({ root: c.root, id: c.id, changes, kill: undefined, bound: boundOf(1000, new AbortController().signal) }), 'runc');
   });
 });
