@@ -253,11 +253,13 @@ export class TaskTable {
     this.#opts = options;
     this.#log = options.logger.child({ component: 'tasks' });
     const unknown = (err: unknown, path: string): void => this.#log.warn({ err, path }, 'cannot tell the file system of the tasks\' files: changed through the thread pool');
+    const tasks = changesFor(options.dir, unknown);
+    const runcRoot = changesFor(options.runcRoot, unknown);
     this.#places = [
-      { dir: options.dir, calls: changesFor(options.dir, unknown) },
-      { dir: options.runcRoot, calls: changesFor(options.runcRoot, unknown) },
+      { dir: options.dir, calls: tasks },
+      { dir: options.runcRoot, calls: runcRoot },
     ];
-    this.#log.info({ dir: options.dir, atOnce: this.#places[0]?.calls.now, runcRoot: options.runcRoot, runcRootAtOnce: this.#places[1]?.calls.now }, 'task files: changed at once where held in memory');
+    this.#log.info({ dir: options.dir, atOnce: tasks.now, runcRoot: options.runcRoot, runcRootAtOnce: runcRoot.now }, 'task files: changed at once where held in memory');
   }
 
   /** The change calls for `path`: a task's files in the former place go through the pool. */
