@@ -2,8 +2,8 @@
 # Kubernetes' CRI validation suite (critest, from ../shared/tools/critest or CRITEST_DIR) on
 # tsbox pods, against containerd's own podsandbox in the same run: every spec that passes with
 # containerd's default handler must pass with handler tsbox, on each of tsbox's two routes for a
-# pod's containers: the shim route (version 2: containerd's runc shim) and the Task API route
-# (version 3: tsbox runs them; the handler in --task-api-handlers). Needs root and a built tsbox.
+# pod's containers: the Task API route (version 3: tsbox runs them; the default) and the shim
+# route (version 2: containerd's runc shim; --task-api-handlers ''). Needs root and a built tsbox.
 # CRITEST_ROUTES (default "shim task") chooses the routes.
 #
 # A spec that fails only on tsbox is run again, alone (--ginkgo.focus), up to twice, when at
@@ -54,10 +54,11 @@ trap 'if [ "$ok" = 1 ]; then rm -rf "$base"; else echo "critest: work dir kept: 
 ok=0
 # As an operator starts tsbox: containerd's config is the only containerd setting; tsbox takes
 # containerd's root, state and socket (all in the private containerd's work dir) from it.
-shim_cmd="node dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
-# The Task API route: the same, with the handler's pods' containers run by tsbox itself.
-task_cmd="$shim_cmd --task-api-handlers tsbox --task-socket {state}/task.sock"
-tsbox_cmd="$shim_cmd"
+# By default the handler's pods' containers are run by tsbox itself (the Task API route).
+task_cmd="node dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
+# The version-2 route: the same, with no handler on the Task API (containerd's runc shim per pod).
+shim_cmd="$task_cmd --task-api-handlers ''"
+tsbox_cmd="$task_cmd"
 run() { # handler work-dir [result-name focus]
   local handler="$1" work="$2" name="${3:-}" focus="${4:-}"
   local out="$work.out" err="$work.err"

@@ -24,7 +24,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     socket: root ? '/run/tsbox/tsbox.sock' : join(runtimeDir, 'tsbox', 'tsbox.sock'),
     socketMode: 0o660,
     taskSocket: root ? '/run/tsbox/task.sock' : join(runtimeDir, 'tsbox', 'task.sock'),
-    taskApiHandlers: [],
+    taskApiHandlers: ['*'],
     stateDir: root ? '/var/lib/tsbox' : join(stateHome, 'tsbox'),
     logLevel: 'info',
     logFormat: 'auto',
@@ -86,12 +86,14 @@ const schema = z
     /**
      * Where tsbox serves containerd's Task API v3 (ttrpc) for the containers of pods on the
      * handlers in taskApiHandlers; containerd is told `ttrpc+unix://<this>`, version 3.
+     * Unless set, `task.sock` in the socket's directory.
      */
     taskSocket: absolutePath,
     /**
      * CRI runtime handlers whose pods' containers tsbox runs itself (Task API v3: no runc shim
-     * per pod); `*` for every handler. Pods of any other handler keep the version-2 route, on
-     * which containerd runs the handler's runc shim per pod.
+     * per pod). `*` (the default) is every handler containerd's config puts on tsbox whose
+     * runtime_type is runc's; empty is none. Pods of any other handler keep the version-2
+     * route, on which containerd runs the handler's shim per pod (src/task-routes.ts).
      */
     taskApiHandlers: z.preprocess(
       (v) => (typeof v === 'string' ? v.split(',').map((h) => h.trim()).filter((h) => h !== '') : v),
@@ -199,6 +201,11 @@ export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Confi
   for (const key of ['socket', 'taskSocket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
+  }
+  // The Task API socket sits beside the socket unless it is set: one tsbox per directory.
+  const socket = merged['socket'];
+  if (fromFile.taskSocket === undefined && fromFlags.taskSocket === undefined && typeof socket === 'string' && isAbsolute(socket)) {
+    merged['taskSocket'] = join(dirname(socket), 'task.sock');
   }
   const result = schema.safeParse(merged);
   if (!result.success) {

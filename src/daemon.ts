@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
-import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
+import { type SandboxerHandler, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
 import { TsboxError, messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
@@ -27,6 +27,7 @@ import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { type Helper, HelperService } from './runtime/helper-service.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './task-events.js';
+import { RUNC_RUNTIME_TYPE, routeHandlers } from './task-routes.js';
 
 /** A running daemon. */
 export interface Daemon {
@@ -66,35 +67,45 @@ async function createBackend(config: Config, logger: Logger, taskApi: TaskApi, h
 }
 
 /**
- * Pods on tsbox run their containers in the shim that the CRI handler's runtime_type names
- * (SPEC.md section 7): says so loudly at start-up when that cannot work.
+ * Which handlers' pods go over the Task API route (src/task-routes.ts), read from containerd's
+ * config with task_api_handlers; the others run their containers in the shim their
+ * runtime_type names (SPEC.md section 7): says so loudly at start-up when that cannot work.
  */
-function checkContainerShims(config: Config, logger: Logger): void {
-  const runc = 'io.containerd.runc.v2';
-  if (findShim(runc) === undefined) {
-    logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox cannot run containers`);
-  }
+function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[] {
+  const runc = RUNC_RUNTIME_TYPE;
+  let handlers: SandboxerHandler[] | undefined;
   if (!existsSync(config.containerdConfig)) {
-    logger.warn({ file: config.containerdConfig }, "containerd's config is not there: the CRI handlers that use tsbox are not checked (set containerd_config)");
-    return;
-  }
-  let handlers;
-  try {
-    handlers = sandboxerHandlers(readContainerdConfig(config.containerdConfig), 'tsbox');
-  } catch (err) {
-    logger.warn({ err }, `cannot read containerd's config to check the CRI handlers that use tsbox: ${messageOf(err)}`);
-    return;
-  }
-  for (const handler of handlers) {
-    if (handler.shim === undefined) {
-      logger.error(
-        { handler: handler.name, runtimeType: handler.runtimeType, file: handler.file },
-        `CRI runtime handler "${handler.name}" puts pods on tsbox with runtime_type "${handler.runtimeType}", which names no shim binary (${shimBinaryName(handler.runtimeType || '?')} is not on PATH): its pods can run no container; set runtime_type = "${runc}"`,
-      );
-    } else {
-      logger.info({ handler: handler.name, runtimeType: handler.runtimeType, shim: handler.shim }, 'CRI runtime handler uses tsbox');
+    logger.warn({ file: config.containerdConfig }, "containerd's config is not there: the CRI handlers that use tsbox are not known (set containerd_config)");
+  } else {
+    try {
+      handlers = sandboxerHandlers(readContainerdConfig(config.containerdConfig), 'tsbox');
+    } catch (err) {
+      logger.warn({ err }, `cannot read containerd's config to know the CRI handlers that use tsbox: ${messageOf(err)}`);
     }
   }
+  const routes = routeHandlers(config.taskApiHandlers, handlers);
+  if (handlers === undefined && config.taskApiHandlers.includes('*')) {
+    logger.warn({ taskApiHandlers: config.taskApiHandlers }, "task_api_handlers' * names no handler while containerd's config is unknown: their pods keep the version-2 route");
+  }
+  for (const { name, runtimeType } of routes.notRunc) {
+    logger.warn({ handler: name, runtimeType }, `CRI runtime handler "${name}" has runtime_type "${runtimeType}" but is in task_api_handlers: tsbox runs its containers with runc`);
+  }
+  for (const name of routes.taskApi) logger.info({ handler: name, route: 'task-api' }, "CRI runtime handler uses tsbox; tsbox runs its pods' containers (Task API v3)");
+  if (routes.version2.length > 0 && findShim(runc) === undefined) {
+    logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox's version-2 route cannot run containers`);
+  }
+  for (const { name, why } of routes.version2) {
+    const handler = handlers?.find((h) => h.name === name);
+    if (handler?.shim === undefined) {
+      logger.error(
+        { handler: name, runtimeType: handler?.runtimeType, file: handler?.file },
+        `CRI runtime handler "${name}" puts pods on tsbox with runtime_type "${handler?.runtimeType ?? ''}", which names no shim binary (${shimBinaryName(handler?.runtimeType || '?')} is not on PATH): its pods can run no container; set runtime_type = "${runc}"`,
+      );
+    } else {
+      logger.info({ handler: name, route: 'version-2', runtimeType: handler.runtimeType, shim: handler.shim, why }, 'CRI runtime handler uses tsbox; its containers run in its shim');
+    }
+  }
+  return routes.taskApi;
 }
 
 /** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
@@ -198,20 +209,20 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
 
 async function startLocked(config: Config, logger: Logger, lock: StateLock): Promise<Daemon> {
   await prepareSocketPath(config.socket);
-  if (config.backend === 'process') checkContainerShims(config, logger);
+  const taskApiHandlers = config.backend === 'process' ? resolveHandlerRoutes(config, logger) : [];
   // Metrics are kept only when an endpoint serves them; otherwise no call or record save
   // pays for them. Before recovery, so /healthz answers and /readyz says 503 while tsbox
   // recovers.
   const metrics = config.metricsAddress !== '' ? createMetrics() : undefined;
   let metricsServer: MetricsServer | undefined;
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
-  const taskApi: TaskApi = { address: config.taskSocket, handlers: config.taskApiHandlers };
+  const taskApi: TaskApi = { address: config.taskSocket, handlers: taskApiHandlers };
   // mount(2) and umount(2) for pods and tasks, without a process started from tsbox for each.
   const helper = new HelperService(config.shimPath, logger.child({ component: 'mount-helper' }));
   const rawBackend = await createBackend(config, logger, taskApi, helper);
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // listening before containerd may look for it.
-  const taskServer = config.backend === 'process' && (config.taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))
+  const taskServer = config.backend === 'process' && (taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))
     ? await startTasks(config, logger, helper)
     : undefined;
   if (taskServer !== undefined) {

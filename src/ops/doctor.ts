@@ -14,6 +14,7 @@ import { detectCgroups } from '../runtime/cgroups.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
 import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
+import { routeHandlers } from '../task-routes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** What doctor looks at. */
@@ -90,7 +91,13 @@ function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error
   if (handlers.length === 0) {
     findings.push(fail(`no CRI runtime handler with sandboxer = "${SANDBOXER}"`, `"tsbox install" adds [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]; Kubernetes pods need it`));
   }
+  const routes = routeHandlers(config.taskApiHandlers, handlers);
   for (const h of handlers) {
+    if (routes.taskApi.includes(h.name)) {
+      const runc = routes.notRunc.some((n) => n.name === h.name) ? ` (its runtime_type ${h.runtimeType} is not runc's: task_api_handlers names it, so runc runs them)` : '';
+      findings.push(pass(`CRI runtime handler "${h.name}" runs on tsbox; tsbox runs its containers with runc over the Task API, without a shim per pod${runc}`));
+      continue;
+    }
     if (typeof h.runtimeType !== 'string' || h.runtimeType === '') {
       findings.push(fail(`CRI runtime handler "${h.name}" (${h.file}) has no runtime_type`, 'set runtime_type = "io.containerd.runc.v2"'));
       continue;
@@ -221,8 +228,11 @@ function checkRunc(binPath?: string): Finding {
 }
 
 
-/** tsbox's socket (a socket, its mode, someone answering) and its state dir. */
-async function checkTsboxFiles(config: Config): Promise<Finding[]> {
+/**
+ * tsbox's socket (a socket, its mode, someone answering), its Task API socket when a handler's
+ * pods use it (`taskApi`: their names), and its state dir.
+ */
+async function checkTsboxFiles(config: Config, taskApi: readonly string[]): Promise<Finding[]> {
   const findings: Finding[] = [];
   const mode = (m: number): string => (m & 0o777).toString(8).padStart(4, '0');
   let socketOk = false;
@@ -240,6 +250,11 @@ async function checkTsboxFiles(config: Config): Promise<Finding[]> {
   if (socketOk) {
     if ((await probeSocket(config.socket, 2_000)) === 'accepts') findings.push(pass(`tsbox answers on ${config.socket} (mode ${mode(config.socketMode)})`));
     else findings.push(fail(`nothing answers on ${config.socket}: a stale socket, tsbox is not running`, 'systemctl restart tsbox'));
+  }
+  if (taskApi.length > 0) {
+    const handlers = taskApi.map((h) => `"${h}"`).join(', ');
+    if ((await probeSocket(config.taskSocket, 2_000)) === 'accepts') findings.push(pass(`tsbox's Task API answers on ${config.taskSocket} (containers of handler ${handlers})`));
+    else findings.push(fail(`nothing answers on tsbox's Task API socket ${config.taskSocket}: the containers of handler ${handlers} cannot start`, 'systemctl restart tsbox (it serves the socket through its task front)'));
   }
   try {
     const st = statSync(config.stateDir);
@@ -259,13 +274,14 @@ export async function runDoctor(options: DoctorOptions): Promise<number> {
   const { config, output } = options;
   const read = readConfig(options.containerdConfig);
   const paths = checkContainerdPaths(config, read);
+  const taskApi = read === undefined || read instanceof Error ? [] : routeHandlers(config.taskApiHandlers, sandboxerHandlers(read, SANDBOXER, options.path)).taskApi;
   const findings = [
     ...(await checkContainerd(options.address ?? paths.address, options.path)),
     ...checkContainerdConfig(options.containerdConfig, read, config, options.path),
     ...paths.findings,
     ...checkCgroups(config),
     checkRunc(options.path),
-    ...(await checkTsboxFiles(config)),
+    ...(await checkTsboxFiles(config, taskApi)),
   ];
   for (const f of findings) output.out(f.ok ? `ok    ${f.what}\n` : `FAIL  ${f.what}\n      fix: ${f.fix ?? ''}\n`);
   const problems = findings.filter((f) => !f.ok).length;

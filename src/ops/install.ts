@@ -109,8 +109,9 @@ export function sandboxerTables(config: Config, reference = '', systemdCgroup = 
   type = "sandbox"
   address = ${JSON.stringify(config.socket)}
 
-# Kubernetes pods whose RuntimeClass handler is "${SANDBOXER}" run on tsbox; their containers run
-# under containerd's runc shim, in the sandbox's namespaces${reference}.
+# Kubernetes pods whose RuntimeClass handler is "${SANDBOXER}" run on tsbox; tsbox runs their
+# containers with runc, in the sandbox's namespaces, without a shim per pod (its Task API route;
+# with task_api_handlers = [] containerd's runc shim runs them)${reference}.
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "${SANDBOXER}"

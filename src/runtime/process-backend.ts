@@ -53,8 +53,9 @@ export interface ProcessBackendOptions {
   /** containerd's socket, from which its runtime shim names the pod's task socket. */
   readonly containerdAddress: string;
   /**
-   * The Task API v3 route: pods of these CRI runtime handlers (`*`: all) are told tsbox's own
-   * task socket, version 3, and containerd runs no shim for them.
+   * The Task API v3 route: pods of these CRI runtime handlers (names, as src/task-routes.ts
+   * resolved them) are told tsbox's own task socket, version 3, and containerd runs no shim
+   * for them.
    */
   readonly taskApi?: {
     readonly address: string;
@@ -424,7 +425,7 @@ export class ProcessBackend implements RuntimeBackend {
   endpoint(spec: LaunchSpec): TaskEndpoint {
     const taskApi = this.#opts.taskApi;
     const handler = spec.runtimeHandler;
-    if (taskApi !== undefined && handler !== undefined && (taskApi.handlers.includes('*') || taskApi.handlers.includes(handler))) {
+    if (taskApi !== undefined && handler !== undefined && taskApi.handlers.includes(handler)) {
       return { address: `ttrpc+unix://${taskApi.address}`, version: 3 };
     }
     return { address: `ttrpc+unix://${shimSocketPath(this.#opts.containerdAddress, spec.namespace, spec.id)}`, version: 2 };

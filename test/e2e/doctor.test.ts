@@ -1,14 +1,14 @@
 /**
  * `tsbox doctor` on the end-to-end setup (a real containerd 2.x with tsbox registered and a
- * CRI handler whose containers run under the runc shim): it passes, and when one part is
- * taken away it fails with exit 10, naming that part and its fix.
+ * CRI handler of runc's runtime_type, whose containers tsbox runs over its Task API): it
+ * passes, and when one part is taken away it fails with exit 10, naming that part and its fix.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { type CommandResult, type Containerd, containerdUnavailableReason, runCommand, startContainerd } from '../support/containerd.js';
-import { type SandboxerDaemon, makeTempDir, removeTree, startSandboxerDaemon, tsboxMain, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
+import { type SandboxerDaemon, createSandboxerDaemon, makeTempDir, removeTree, tsboxMain, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
 
 function run(args: readonly string[], env: NodeJS.ProcessEnv = process.env): Promise<CommandResult> {
@@ -51,9 +51,21 @@ describe('tsbox doctor', () => {
     const missing = containerdUnavailableReason();
     if (missing !== undefined) throw new Error(missing);
     scratch = await makeTempDir('doctor-');
-    sandboxer = await startSandboxerDaemon(tsboxSandboxer());
-    // As `tsbox install` registers it: the pod's containers run under containerd's runc shim.
-    containerd = await startContainerd({ sandboxerSocket: sandboxer.socketPath, runtimeType: 'io.containerd.runc.v2' });
+    // As `tsbox install` registers it (handler tsbox, runc's runtime_type), and as an operator
+    // starts tsbox: with containerd's config, where it finds that handler (its pods' containers
+    // then go over tsbox's Task API, the default).
+    const base = tsboxSandboxer();
+    const s = await createSandboxerDaemon({
+      ...base,
+      command: (p) => {
+        const cmd = base.command(p);
+        if (containerd === undefined) throw new Error('containerd must run before tsbox is started');
+        return { ...cmd, args: [...cmd.args, '--containerd-config', containerd.paths.configPath] };
+      },
+    });
+    sandboxer = s;
+    containerd = await startContainerd({ sandboxerSocket: s.socketPath, runtimeType: 'io.containerd.runc.v2' });
+    await s.start();
   });
 
   after(async () => {
@@ -70,9 +82,31 @@ describe('tsbox doctor', () => {
     assert.ok(d !== undefined);
     assert.ok(r.stdout.includes(`ok    containerd's root ${d.paths.root}, state ${d.paths.state}, socket ${d.address} (from ${d.paths.configPath})\n`), r.stdout);
     assert.ok(r.stdout.includes(`containerd at ${d.address} reaches tsbox`), 'it reached containerd on the socket its config names');
-    for (const ok of [/containerd 2\.\d+\.\d+ \(≥ 2\.0\)/, /registered as sandbox proxy plugin "tsbox"/, /CRI runtime handler "tsbox" runs on tsbox; its containers use .*containerd-shim-runc-v2/, /cgroup v[12]/, /runc/, /reaches tsbox/, /tsbox answers on/, /state dir/]) {
+    for (const ok of [
+      /containerd 2\.\d+\.\d+ \(≥ 2\.0\)/,
+      /registered as sandbox proxy plugin "tsbox"/,
+      /CRI runtime handler "tsbox" runs on tsbox; tsbox runs its containers with runc over the Task API, without a shim per pod$/,
+      /cgroup v[12]/,
+      /runc/,
+      /reaches tsbox/,
+      /tsbox answers on/,
+      /tsbox's Task API answers on \S+\/task\.sock \(containers of handler "tsbox"\)/,
+      /state dir/,
+    ]) {
       assert.match(r.stdout, new RegExp(`^ok .*${ok.source}`, 'm'));
     }
+  });
+
+  test('with the Task API route off, says the handler\'s containers use containerd\'s runc shim', async () => {
+    const r = await doctor({ args: ['--task-api-handlers', ''] });
+    assert.equal(r.code, 0, `${r.stdout}${r.stderr}`);
+    assert.match(r.stdout, /^ok +CRI runtime handler "tsbox" runs on tsbox; its containers use .*containerd-shim-runc-v2$/m);
+    assert.doesNotMatch(r.stdout, /Task API/);
+  });
+
+  test('fails naming the Task API socket when nothing answers on it', async () => {
+    const r = await doctor({ args: ['--task-socket', path.join(scratch, 'no-task.sock')] });
+    expectProblem(r, /nothing answers on tsbox's Task API socket .*no-task\.sock: the containers of handler "tsbox" cannot start/, /fix: systemctl restart tsbox/);
   });
 
   test('follows the imports of containerd\'s config', async () => {

@@ -20,6 +20,7 @@ import {
 import { cgroupNode } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, podLeftovers, podShimSocket, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
+import { probeSocket } from '../../src/transport/socket.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -497,16 +498,21 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
 });
 
 describe('a CRI handler whose runtime cannot run containers', () => {
-  test('is named at start-up in tsbox\'s log, with the fix', async () => {
+  test('is named at start-up in tsbox\'s log, with the fix; by default a runc handler beside it goes over the Task API and the other keeps the version-2 route', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'bad-handler-'));
     const config = path.join(dir, 'config.toml');
-    writeFileSync(config, 'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]\n  runtime_type = "io.containerd.tsbox.v1"\n  sandboxer = "tsbox"\n');
+    const runtime = (name: string, type: string): string => `[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${name}]\n  runtime_type = "${type}"\n  sandboxer = "tsbox"\n`;
+    // containerd's root and state in the test's dir: tsbox keeps its tasks' files below that state.
+    writeFileSync(config, `version = 3\nroot = "${dir}/root"\nstate = "${dir}/state"\n${runtime('tsbox', 'io.containerd.tsbox.v1')}${runtime('tsbox-runc', 'io.containerd.runc.v2')}`);
     const base = tsboxSandboxer();
     const daemon = await startSandboxerDaemon({ ...base, command: (p) => ({ ...base.command(p), args: [...base.command(p).args, '--containerd-config', config] }) });
     try {
       const log = readFileSync(daemon.logPath, 'utf8');
       assert.match(log, /"level":50.*CRI runtime handler \\"tsbox\\" puts pods on tsbox with runtime_type \\"io.containerd.tsbox.v1\\", which names no shim binary/);
       assert.match(log, /set runtime_type = \\"io.containerd.runc.v2\\"/);
+      assert.match(log, /"handler":"tsbox-runc","route":"task-api"/);
+      // The Task API is served beside tsbox's socket (by its task front, which outlives tsbox).
+      assert.equal(await probeSocket(path.join(path.dirname(daemon.socketPath), 'task.sock'), 2_000), 'accepts');
     } finally {
       await daemon.teardown();
       rmSync(dir, { recursive: true, force: true });

@@ -3,13 +3,13 @@
  * scripts/uml-node.sh), with the node's own containerd service and config: `tsbox install`,
  * then the commands it prints, give an active tsbox.service ordered before containerd that
  * systemd restarts when it fails; containerd, restarted by systemd, runs a pod with a
- * container on tsbox; `tsbox doctor` passes, and fails naming the cause when tsbox is stopped
+ * container on tsbox (by default over tsbox's Task API: no runc shim, runc's systemd driver); `tsbox doctor` passes, and fails naming the cause when tsbox is stopped
  * or the drop-in is gone; `tsbox uninstall` leaves containerd's config as it was. Without
  * systemd as init this test fails, saying where to run it.
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -49,6 +49,8 @@ describe('tsbox install, doctor and uninstall under systemd', { timeout: 900_000
     systemctl('unmask', 'containerd.service');
     // The node's root is an overlay, which overlayfs refuses as an upper layer: containerd's
     // snapshots go on a tmpfs of their own, as on a real node's disk.
+    // (Its directory exists only if the machine under the node's overlay has one.)
+    mkdirSync('/var/lib/containerd', { recursive: true });
     execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', '/var/lib/containerd']);
   });
 
@@ -122,10 +124,16 @@ describe('tsbox install, doctor and uninstall under systemd', { timeout: 900_000
       const { status } = await cri.call('ContainerStatus', { container_id: c });
       assert.equal(status?.state, 'CONTAINER_RUNNING');
       assert.equal(show(`cri-containerd-${id}.scope`, 'ActiveState'), 'active', 'the sandbox runs in its scope');
+      // The default route: tsbox runs the container with runc (no runc shim for the pod), with
+      // the handler's runc options: systemd's cgroup driver makes the container's scope.
+      assert.equal(spawnSync('pgrep', ['-f', 'containerd-shim-runc-v2']).status, 1, 'no runc shim runs');
+      assert.equal(show(`cri-containerd-${c}.scope`, 'ActiveState'), 'active', 'the container runs in the scope runc made through systemd');
 
       const healthy = tsbox(['doctor']);
       assert.equal(healthy.code, 0, healthy.out);
       assert.match(healthy.out, /tsbox doctor: everything is in order/);
+      assert.match(healthy.out, /^ok +CRI runtime handler "tsbox" runs on tsbox; tsbox runs its containers with runc over the Task API/m);
+      assert.match(healthy.out, /^ok +tsbox's Task API answers on \/run\/tsbox\/task\.sock/m);
 
       await cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
       await cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });

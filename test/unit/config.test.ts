@@ -123,6 +123,23 @@ describe('resolveConfig', () => {
     assert.equal(config.shimPath, resolve('bin/shim'));
   });
 
+  test('the Task API socket sits beside the socket unless the file or a flag sets it', () => {
+    assert.equal(defaultConfig({}, 0).taskSocket, '/run/tsbox/task.sock');
+    assert.equal(resolveConfig({}, { socket: '/srv/a/tsbox.sock' }, BASE).taskSocket, '/srv/a/task.sock');
+    assert.equal(resolveConfig({ socket: '/srv/b/x.sock' }, {}, BASE).taskSocket, '/srv/b/task.sock');
+    assert.equal(resolveConfig({ taskSocket: '/srv/t.sock' }, { socket: '/srv/a/tsbox.sock' }, BASE).taskSocket, '/srv/t.sock');
+    assert.equal(resolveConfig({}, { socket: '/srv/a/tsbox.sock', taskSocket: 'rel/t.sock' }, BASE).taskSocket, resolve('rel/t.sock'));
+  });
+
+  test('task_api_handlers: * by default, a list of names, or none', () => {
+    assert.deepEqual(BASE.taskApiHandlers, ['*']);
+    assert.deepEqual(resolveConfig({ taskApiHandlers: ['a', 'b'] }, {}, BASE).taskApiHandlers, ['a', 'b']);
+    assert.deepEqual(resolveConfig({}, { taskApiHandlers: 'a, b' }, BASE).taskApiHandlers, ['a', 'b']);
+    assert.deepEqual(resolveConfig({ taskApiHandlers: ['a'] }, { taskApiHandlers: '' }, BASE).taskApiHandlers, []);
+    assert.deepEqual(resolveConfig({ taskApiHandlers: [] }, {}, BASE).taskApiHandlers, []);
+    assert.match(problemsOf(() => resolveConfig({}, { taskApiHandlers: 'a b' }, BASE))[0] ?? '', /^task_api_handlers\.0: must be CRI runtime handler names/);
+  });
+
   test('relative paths in the file are refused', () => {
     const problems = problemsOf(() => resolveConfig({ socket: 'tsbox.sock' }, {}, BASE));
     assert.match(problems[0] ?? '', /^socket: .*absolute/);
