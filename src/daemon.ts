@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config.js';
-import { type SandboxerHandler, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
+import { type SandboxerHandler, findOnPath, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
 import { TsboxError, messageOf } from './errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
@@ -34,6 +34,9 @@ export interface Daemon {
   /** Ordered shutdown: refuse calls, end Waits as UNAVAILABLE, drain, close; sandboxes keep running. */
   stop(): Promise<void>;
 }
+
+/** The runc the Task API route runs (on PATH), unless a handler's runc options name another. */
+const RUNC = 'runc';
 
 type TaskApi = NonNullable<ConstructorParameters<typeof ProcessBackend>[0]['taskApi']>;
 
@@ -83,16 +86,25 @@ function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[]
       logger.warn({ err }, `cannot read containerd's config to know the CRI handlers that use tsbox: ${messageOf(err)}`);
     }
   }
-  const routes = routeHandlers(config.taskApiHandlers, handlers);
-  if (handlers === undefined && config.taskApiHandlers.includes('*')) {
-    logger.warn({ taskApiHandlers: config.taskApiHandlers }, "task_api_handlers' * names no handler while containerd's config is unknown: their pods keep the version-2 route");
+  let setting = config.taskApiHandlers;
+  if (setting.includes('*') && process.getuid?.() !== 0) {
+    // runc, rootfs mounts and containerd's state dir need root: a tsbox of another user keeps
+    // every handler it is not told by name on the version-2 route.
+    logger.info({ taskApiHandlers: setting }, "not root: task_api_handlers' * names no handler");
+    setting = setting.filter((name) => name !== '*');
+  } else if (handlers === undefined && setting.includes('*')) {
+    logger.warn({ taskApiHandlers: setting }, "task_api_handlers' * names no handler while containerd's config is unknown: their pods keep the version-2 route");
+    if (findShim(runc) === undefined) {
+      logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox's version-2 route cannot run containers`);
+    }
   }
+  const routes = routeHandlers(setting, handlers);
   for (const { name, runtimeType } of routes.notRunc) {
     logger.warn({ handler: name, runtimeType }, `CRI runtime handler "${name}" has runtime_type "${runtimeType}" but is in task_api_handlers: tsbox runs its containers with runc`);
   }
   for (const name of routes.taskApi) logger.info({ handler: name, route: 'task-api' }, "CRI runtime handler uses tsbox; tsbox runs its pods' containers (Task API v3)");
-  if (routes.version2.length > 0 && findShim(runc) === undefined) {
-    logger.error({ runtimeType: runc, binary: shimBinaryName(runc) }, `${shimBinaryName(runc)} is not on PATH: pods on tsbox's version-2 route cannot run containers`);
+  if (routes.taskApi.length > 0 && findOnPath(RUNC) === undefined) {
+    logger.error({ handlers: routes.taskApi }, `${RUNC} is not on PATH: the containers of the pods on tsbox's Task API route cannot start (install runc; Debian: runc)`);
   }
   for (const { name, why } of routes.version2) {
     const handler = handlers?.find((h) => h.name === name);
@@ -141,7 +153,7 @@ async function serveTasks(config: Config, log: Logger, helper: Helper, lock: Sta
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
     frontPath: join(dirname(config.shimPath), 'tsbox-front'),
     ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
-    runcPath: 'runc',
+    runcPath: RUNC,
     createTimeoutMs: config.startTimeoutMs,
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,

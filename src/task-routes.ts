@@ -32,7 +32,9 @@ export function routeHandlers(setting: readonly string[], handlers: readonly San
   const taskApi = new Set(named);
   const version2: { name: string; why: string }[] = [];
   const notRunc: { name: string; runtimeType: string }[] = [];
-  for (const handler of handlers ?? []) {
+  // A handler defined in several of containerd's files: the last one read is the one that counts.
+  const byName = new Map((handlers ?? []).map((h) => [h.name, h]));
+  for (const handler of byName.values()) {
     const runc = handler.runtimeType === RUNC_RUNTIME_TYPE;
     if (named.has(handler.name)) {
       if (!runc) notRunc.push({ name: handler.name, runtimeType: handler.runtimeType });

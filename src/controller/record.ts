@@ -39,8 +39,10 @@ export const launchSchema = z.object({
 
 /**
  * Where containerd creates the sandbox's containers (Start's and Status's `address` and
- * `version`, SPEC.md section 7). Version 2: containerd runs the CRI handler's runtime shim
- * itself, and the address names the socket that shim serves for the pod.
+ * `version`, SPEC.md section 7). Version 3: tsbox's Task API socket (tsbox runs them). Version
+ * 2: containerd runs the CRI handler's runtime shim itself, and the address names the socket
+ * that shim serves for the pod. Kept in the record: a pod keeps its route across restarts and
+ * changes of task_api_handlers.
  */
 export const endpointSchema = z.object({ address: z.string(), version: z.number().int().min(0) });
 

@@ -218,7 +218,7 @@ function checkCgroups(_config: Config): Finding[] {
 
 function checkRunc(binPath?: string): Finding {
   const runc = findOnPath('runc', binPath);
-  if (runc === undefined) return fail("runc is not on PATH: containerd's runc shim cannot run a pod's containers", 'apt-get install runc');
+  if (runc === undefined) return fail("runc is not on PATH: neither tsbox (Task API route) nor containerd's runc shim can run a pod's containers", 'apt-get install runc');
   try {
     const version = execFileSync(runc, ['--version'], { encoding: 'utf8', timeout: 10_000 }).split('\n')[0] ?? '';
     return pass(`${runc}: ${version}`);

@@ -54,7 +54,7 @@ describe('tsbox doctor', () => {
     // As `tsbox install` registers it (handler tsbox, runc's runtime_type), and as an operator
     // starts tsbox: with containerd's config, where it finds that handler (its pods' containers
     // then go over tsbox's Task API, the default).
-    const base = tsboxSandboxer();
+    const base = tsboxSandboxer({ defaultRoutes: true });
     const s = await createSandboxerDaemon({
       ...base,
       command: (p) => {

@@ -301,7 +301,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const a = await startContainer(id, config, 'a', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
       const b = await startContainer(id, config, 'b', `${AWAIT_GO_AHEAD} && exit 9`);
       const pids = { a: (await containerState(a)).pid, b: (await containerState(b)).pid };
-      const fronts = frontsNow();
+      const fronts = frontsNow(env.tsbox.stateDir);
       assert.equal(fronts.length, 1, 'one task front');
 
       await env.tsbox.restart();
@@ -309,7 +309,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await env.tsbox.kill9();
       // While tsbox is down, containerd's pending Waits stay with the front.
       await env.tsbox.start();
-      assert.deepEqual(frontsNow(), fronts, 'the same task front, through both restarts');
+      assert.deepEqual(frontsNow(env.tsbox.stateDir), fronts, 'the same task front, through both restarts');
       for (const [name, c] of [['a', a], ['b', b]] as const) {
         const s = await containerState(c);
         assert.equal(s.state, 'CONTAINER_RUNNING', `${name} still running for CRI`);
@@ -328,13 +328,18 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
     }));
 });
 
-/** The task front processes running now (pids), to check that one outlives tsbox. */
-function frontsNow(): number[] {
+/**
+ * The task front processes of the tsbox of `stateDir` running now (pids), to check that one
+ * outlives tsbox (a front of another tsbox on the machine is not counted).
+ */
+function frontsNow(stateDir: string): number[] {
   const fronts: number[] = [];
+  const backend = `\0${path.join(stateDir, 'task-front.sock')}\0`;
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes('bin/tsbox-front\0')) fronts.push(Number(entry));
+      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+      if (cmdline.includes('bin/tsbox-front\0') && cmdline.includes(backend)) fronts.push(Number(entry));
     } catch {
       continue; // the process ended meanwhile
     }

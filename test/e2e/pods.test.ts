@@ -504,7 +504,7 @@ describe('a CRI handler whose runtime cannot run containers', () => {
     const runtime = (name: string, type: string): string => `[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${name}]\n  runtime_type = "${type}"\n  sandboxer = "tsbox"\n`;
     // containerd's root and state in the test's dir: tsbox keeps its tasks' files below that state.
     writeFileSync(config, `version = 3\nroot = "${dir}/root"\nstate = "${dir}/state"\n${runtime('tsbox', 'io.containerd.tsbox.v1')}${runtime('tsbox-runc', 'io.containerd.runc.v2')}`);
-    const base = tsboxSandboxer();
+    const base = tsboxSandboxer({ defaultRoutes: true });
     const daemon = await startSandboxerDaemon({ ...base, command: (p) => ({ ...base.command(p), args: [...base.command(p).args, '--containerd-config', config] }) });
     try {
       const log = readFileSync(daemon.logPath, 'utf8');

@@ -74,6 +74,13 @@ export interface TsboxSpecOptions {
   readonly logLevel?: string;
   /** More flags for `serve`, such as `['--backend', 'noop']`. */
   readonly args?: readonly string[];
+  /**
+   * Leave the routes of pods' containers to tsbox's defaults (task_api_handlers `*`, read from
+   * containerd's config). Otherwise every handler keeps the version-2 route
+   * (`--task-api-handlers ''`), so a test tsbox never reads the machine's containerd handlers
+   * into a Task API server below the machine's containerd state dir.
+   */
+  readonly defaultRoutes?: boolean;
 }
 
 /** tsbox itself: `node dist/src/main.js serve --socket S --state-dir D --log-level debug`. */
@@ -87,7 +94,18 @@ export function tsboxSandboxer(options: TsboxSpecOptions = {}): SandboxerSpec {
       if (!existsSync(main)) throw new Error(`${main} not found: build tsbox first (npm run build)`);
       return {
         file: process.execPath,
-        args: [main, 'serve', '--socket', socketPath, '--state-dir', stateDir, '--log-level', options.logLevel ?? 'debug', ...(options.args ?? [])],
+        args: [
+          main,
+          'serve',
+          '--socket',
+          socketPath,
+          '--state-dir',
+          stateDir,
+          '--log-level',
+          options.logLevel ?? 'debug',
+          ...(options.defaultRoutes === true ? [] : ['--task-api-handlers', '']),
+          ...(options.args ?? []),
+        ],
       };
     },
   };

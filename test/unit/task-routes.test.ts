@@ -46,6 +46,12 @@ describe('routeHandlers', () => {
     );
   });
 
+  test('a handler defined in two of containerd\'s files: the last one read counts, once', () => {
+    const routes = routeHandlers(['*'], [handler('tsbox', 'io.containerd.kata.v2'), handler('other', RUNC_RUNTIME_TYPE), handler('tsbox', RUNC_RUNTIME_TYPE)]);
+    assert.deepEqual(routes.taskApi, ['tsbox', 'other']);
+    assert.deepEqual(routes.version2, []);
+  });
+
   test('containerd\'s config unknown: * names no handler (which runtime each has is not known); names still count', () => {
     assert.deepEqual(routeHandlers(['*'], undefined), { taskApi: [], version2: [], notRunc: [] });
     assert.deepEqual(routeHandlers(['*', 'tsbox'], undefined).taskApi, ['tsbox']);
