@@ -84,6 +84,13 @@ check_route() { # route: runs the suite on tsbox pods of that route, reruns, com
   local work="$base/$route"
   if [ "$route" = task ]; then tsbox_cmd="$task_cmd"; else tsbox_cmd="$shim_cmd"; fi
   run tsbox "$work"
+  # The route the suite ran on, as tsbox logged it at start-up for the handler.
+  local want='"handler":"tsbox","route":"version-2"'
+  [ "$route" = shim ] || want='"handler":"tsbox","route":"task-api"'
+  if ! grep -qF "$want" "$work/results/tsbox/tsbox.log"; then
+    echo "critest: tsbox did not put handler tsbox on the $route route (no $want in $work/results/tsbox/tsbox.log)" >&2
+    return 1
+  fi
   local reruns=() i=0 spec focus attempt name result
   while IFS= read -r spec; do
     i=$((i + 1))
