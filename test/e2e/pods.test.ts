@@ -47,7 +47,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       });
       const id = await runPod(config);
       const pid = await sandboxPid(id);
-      assert.match(readFileSync(env.tsbox.logPath, 'utf8'), /"handler":"tsbox","runtimeType":"io.containerd.runc.v2".*CRI runtime handler uses tsbox/, 'tsbox checked the handler at start-up');
+      assert.match(readFileSync(env.tsbox.logPath, 'utf8'), /"handler":"tsbox","route":"version-2","runtimeType":"io.containerd.runc.v2".*CRI runtime handler uses tsbox; its containers run in its shim/, 'tsbox checked the handler at start-up and logged its route');
 
       // Start and Status give the same task endpoint, version 2 (containerd runs the shim).
       const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
