@@ -470,7 +470,9 @@ export function controlRequest(dir: string, line: string, options: { timeoutMs: 
     });
     conn.on('error', (err) => {
       const code = errnoOf(err);
-      if (code === 'ENOENT' || code === 'ECONNREFUSED' || code === 'ECONNRESET') finish(() => resolve(undefined));
+      // Gone: no socket, nobody listening, or the holder ended as the request was sent (EPIPE
+      // when its end closed before the write, ECONNRESET after it).
+      if (code === 'ENOENT' || code === 'ECONNREFUSED' || code === 'ECONNRESET' || code === 'EPIPE') finish(() => resolve(undefined));
       else finish(() => reject(new TsboxError('Internal', `cannot reach the container holder in ${dir}: ${err.message}`, { cause: err })));
     });
     // Closed without an answer: the holder ended meanwhile.
