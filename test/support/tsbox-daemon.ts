@@ -195,7 +195,11 @@ export interface RunOptions {
 export interface SandboxerDaemonOptions {
   /** Prefix of the temp dir; default `<name>-`. */
   readonly label?: string;
-  /** How long start() waits for the socket. Default 20 s. */
+  /**
+   * How long start() waits for the socket (a daemon that exits fails it at once). Default 60 s:
+   * on the user-mode Linux node, with the other node busy beside it, Node alone once took 18 s
+   * to load tsbox before its first log line.
+   */
   readonly startTimeoutMs?: number;
   /** How often start() checks the socket. Default 50 ms; the benchmark times start-up finer. */
   readonly startPollMs?: number;
@@ -370,7 +374,7 @@ export async function createSandboxerDaemon(spec: SandboxerSpec, options: Sandbo
       await waitForSocket(current, socketPath, {
         name: spec.name,
         logTail,
-        timeoutMs: options.startTimeoutMs ?? 20_000,
+        timeoutMs: options.startTimeoutMs ?? 60_000,
         ...(options.startPollMs === undefined ? {} : { intervalMs: options.startPollMs }),
       });
     },
