@@ -106,15 +106,15 @@ function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[]
   if (routes.taskApi.length > 0 && findOnPath(RUNC) === undefined) {
     logger.error({ handlers: routes.taskApi }, `${RUNC} is not on PATH: the containers of the pods on tsbox's Task API route cannot start (install runc; Debian: runc)`);
   }
-  for (const { name, why } of routes.version2) {
-    const handler = handlers?.find((h) => h.name === name);
-    if (handler?.shim === undefined) {
+  for (const { handler, why } of routes.version2) {
+    const { name, runtimeType, shim, file } = handler;
+    if (shim === undefined) {
       logger.error(
-        { handler: name, runtimeType: handler?.runtimeType, file: handler?.file },
-        `CRI runtime handler "${name}" puts pods on tsbox with runtime_type "${handler?.runtimeType ?? ''}", which names no shim binary (${shimBinaryName(handler?.runtimeType || '?')} is not on PATH): its pods can run no container; set runtime_type = "${runc}"`,
+        { handler: name, runtimeType, file },
+        `CRI runtime handler "${name}" puts pods on tsbox with runtime_type "${runtimeType}", which names no shim binary (${shimBinaryName(runtimeType || '?')} is not on PATH): its pods can run no container; set runtime_type = "${runc}"`,
       );
     } else {
-      logger.info({ handler: name, route: 'version-2', runtimeType: handler.runtimeType, shim: handler.shim, why }, 'CRI runtime handler uses tsbox; its containers run in its shim');
+      logger.info({ handler: name, route: 'version-2', runtimeType, shim, why }, 'CRI runtime handler uses tsbox; its containers run in its shim');
     }
   }
   return routes.taskApi;

@@ -16,7 +16,7 @@ export interface HandlerRoutes {
   /** Handlers whose pods' containers tsbox runs over the Task API. */
   readonly taskApi: readonly string[];
   /** Handlers of tsbox in containerd's config that keep the version-2 route, and why. */
-  readonly version2: readonly { readonly name: string; readonly why: string }[];
+  readonly version2: readonly { readonly handler: SandboxerHandler; readonly why: string }[];
   /** Handlers named in the setting whose runtime_type is another runtime's: tsbox runs them with runc all the same. */
   readonly notRunc: readonly { readonly name: string; readonly runtimeType: string }[];
 }
@@ -30,7 +30,7 @@ export function routeHandlers(setting: readonly string[], handlers: readonly San
   const all = setting.includes('*');
   const named = new Set(setting.filter((name) => name !== '*'));
   const taskApi = new Set(named);
-  const version2: { name: string; why: string }[] = [];
+  const version2: { handler: SandboxerHandler; why: string }[] = [];
   const notRunc: { name: string; runtimeType: string }[] = [];
   // A handler defined in several of containerd's files: the last one read is the one that counts.
   const byName = new Map((handlers ?? []).map((h) => [h.name, h]));
@@ -41,7 +41,7 @@ export function routeHandlers(setting: readonly string[], handlers: readonly San
     } else if (all && runc) {
       taskApi.add(handler.name);
     } else {
-      version2.push({ name: handler.name, why: all ? `its runtime_type is ${JSON.stringify(handler.runtimeType)}, not runc's` : 'not in task_api_handlers' });
+      version2.push({ handler, why: all ? `its runtime_type is ${JSON.stringify(handler.runtimeType)}, not runc's` : 'not in task_api_handlers' });
     }
   }
   return { taskApi: [...taskApi], version2, notRunc };

@@ -8,13 +8,13 @@ import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
 import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
-import { type ContainerdConfigFiles, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
+import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
 import { isGone, messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
 import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
-import { routeHandlers } from '../task-routes.js';
+import { type HandlerRoutes, routeHandlers } from '../task-routes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** What doctor looks at. */
@@ -59,7 +59,7 @@ function readConfig(path: string): ContainerdConfigFiles | Error | undefined {
 }
 
 /** Checks of containerd's config: the proxy plugin and the CRI handler. */
-function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error | undefined, config: Config, binPath?: string): Finding[] {
+function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error | undefined, config: Config, handlers: readonly SandboxerHandler[], routes: HandlerRoutes): Finding[] {
   if (read === undefined) {
     return [fail(`containerd config ${path} does not exist`, `run "tsbox install" (it creates one that imports tsbox's drop-in), or pass --containerd-config`)];
   }
@@ -87,11 +87,9 @@ function checkContainerdConfig(path: string, read: ContainerdConfigFiles | Error
     findings.push(pass(`tsbox is registered as sandbox proxy plugin "${SANDBOXER}" at ${config.socket} (${proxy.file})`));
   }
 
-  const handlers = sandboxerHandlers(parsed, SANDBOXER, binPath);
   if (handlers.length === 0) {
     findings.push(fail(`no CRI runtime handler with sandboxer = "${SANDBOXER}"`, `"tsbox install" adds [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.tsbox]; Kubernetes pods need it`));
   }
-  const routes = routeHandlers(config.taskApiHandlers, handlers);
   for (const h of handlers) {
     if (routes.taskApi.includes(h.name)) {
       const runc = routes.notRunc.some((n) => n.name === h.name) ? ` (its runtime_type ${h.runtimeType} is not runc's: task_api_handlers names it, so runc runs them)` : '';
@@ -274,14 +272,16 @@ export async function runDoctor(options: DoctorOptions): Promise<number> {
   const { config, output } = options;
   const read = readConfig(options.containerdConfig);
   const paths = checkContainerdPaths(config, read);
-  const taskApi = read === undefined || read instanceof Error ? [] : routeHandlers(config.taskApiHandlers, sandboxerHandlers(read, SANDBOXER, options.path)).taskApi;
+  // The handlers tsbox is registered for, and the route of each, as tsbox resolves them.
+  const handlers = read === undefined || read instanceof Error ? [] : sandboxerHandlers(read, SANDBOXER, options.path);
+  const routes = routeHandlers(config.taskApiHandlers, handlers);
   const findings = [
     ...(await checkContainerd(options.address ?? paths.address, options.path)),
-    ...checkContainerdConfig(options.containerdConfig, read, config, options.path),
+    ...checkContainerdConfig(options.containerdConfig, read, config, handlers, routes),
     ...paths.findings,
     ...checkCgroups(config),
     checkRunc(options.path),
-    ...(await checkTsboxFiles(config, taskApi)),
+    ...(await checkTsboxFiles(config, routes.taskApi)),
   ];
   for (const f of findings) output.out(f.ok ? `ok    ${f.what}\n` : `FAIL  ${f.what}\n      fix: ${f.fix ?? ''}\n`);
   const problems = findings.filter((f) => !f.ok).length;

@@ -13,10 +13,13 @@ describe('routeHandlers', () => {
   test('* (the default): every handler whose runtime_type is runc\'s; the others keep their shim, saying why', () => {
     const routes = routeHandlers(['*'], NODE);
     assert.deepEqual(routes.taskApi, ['tsbox', 'tsbox-fast']);
-    assert.deepEqual(routes.version2, [
-      { name: 'tsbox-kata', why: 'its runtime_type is "io.containerd.kata.v2", not runc\'s' },
-      { name: 'tsbox-untyped', why: 'its runtime_type is "", not runc\'s' },
-    ]);
+    assert.deepEqual(
+      routes.version2.map((r) => [r.handler.name, r.why]),
+      [
+        ['tsbox-kata', 'its runtime_type is "io.containerd.kata.v2", not runc\'s'],
+        ['tsbox-untyped', 'its runtime_type is "", not runc\'s'],
+      ],
+    );
     assert.deepEqual(routes.notRunc, []);
   });
 
@@ -24,7 +27,7 @@ describe('routeHandlers', () => {
     const routes = routeHandlers(['tsbox-fast', 'tsbox-kata', 'elsewhere'], NODE);
     assert.deepEqual(routes.taskApi, ['tsbox-fast', 'tsbox-kata', 'elsewhere']);
     assert.deepEqual(
-      routes.version2.map((r) => [r.name, r.why]),
+      routes.version2.map((r) => [r.handler.name, r.why]),
       [
         ['tsbox', 'not in task_api_handlers'],
         ['tsbox-untyped', 'not in task_api_handlers'],
@@ -41,7 +44,7 @@ describe('routeHandlers', () => {
     const routes = routeHandlers([], NODE);
     assert.deepEqual(routes.taskApi, []);
     assert.deepEqual(
-      routes.version2.map((r) => r.name),
+      routes.version2.map((r) => r.handler.name),
       NODE.map((h) => h.name),
     );
   });
