@@ -154,7 +154,6 @@ async function serveTasks(config: Config, log: Logger, helper: Helper, lock: Sta
     frontPath: join(dirname(config.shimPath), 'tsbox-front'),
     ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
     runcPath: RUNC,
-    createTimeoutMs: config.startTimeoutMs,
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),

@@ -87,7 +87,6 @@ export interface TaskServerOptions {
   /** Starts holders without a fork of tsbox when one of its processes is free. */
   readonly holderStarter?: HelperService;
   readonly runcPath: string;
-  readonly createTimeoutMs: number;
   readonly rootfs: RootfsMounter;
   readonly events: TaskEvents;
   readonly cgroups: ContainerCgroups | undefined;
@@ -168,7 +167,6 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
     runcPath: options.runcPath,
     holderPath: options.holderPath,
     ...(options.holderStarter === undefined ? {} : { holderStarter: options.holderStarter }),
-    createTimeoutMs: options.createTimeoutMs,
     rootfs: options.rootfs,
     events: options.events,
     cgroups: options.cgroups,

@@ -77,7 +77,6 @@ async function serve(name: string, runcPath = 'runc', places: Places = { tasks: 
     ...(former === undefined ? {} : { formerDirs: { dir: path.join(scratch, former.tasks), runcRoot: path.join(scratch, former.runc) } }),
     runcPath,
     holderPath,
-    createTimeoutMs: 30_000,
     rootfs: { mount: (m, t, s) => mountRootfs(shimPath, m, t, s), unmount: (t, s) => unmountRootfs(shimPath, t, s) },
     events,
     cgroups: undefined,
@@ -393,6 +392,29 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.ok(processAlive(pid));
     await second.client.request(TaskService.delete, { id: 'c12', execId: '' }, { metadata: META });
     assert.deepEqual(runcList(), []);
+  });
+
+  test('a runc slow to create (systemd slow to start its scope on a busy node) is waited for as the runc shim waits; the call\'s own deadline still ends it, leaving nothing', async () => {
+    // 12 s: longer than a sandbox's start bound (start_timeout_ms, 10 s by default); runc itself
+    // waits up to 30 s for systemd.
+    const slowRunc = path.join(scratch, 'slow-runc-12');
+    writeFileSync(slowRunc, '#!/bin/sh\ncase " $* " in *" create "*) sleep 12 ;; esac\nexec runc "$@"\n', { mode: 0o755 });
+    const s = await serve('h', slowRunc);
+    open.push(s);
+    const req = createRequest('c13', ['sleep', '1000']);
+    const { pid } = await s.client.request(TaskService.create, req, { metadata: META });
+    assert.ok(pid > 0 && processAlive(pid), 'the slow create answers with the container init');
+    assert.equal((await s.client.request(TaskService.state, { id: 'c13', execId: '' }, { metadata: META })).status, Status.CREATED);
+    await s.client.request(TaskService.delete, { id: 'c13', execId: '' }, { metadata: META });
+    assert.equal(processAlive(pid), false);
+
+    // containerd's deadline (kubelet's 2 min, here 2 s) is the call's bound.
+    const late = createRequest('c14', ['sleep', '1000']);
+    const code = await codeOf(s.client.request(TaskService.create, late, { metadata: META, timeoutMs: 2000 }));
+    assert.equal(code, GRPC_CODES.DeadlineExceeded, 'a Create past its deadline is DeadlineExceeded');
+    await waitFor(() => !mountedBelow(path.join(late.bundle, 'rootfs')), { what: 'the late create undone (its rootfs unmounted)', timeoutMs: 30_000 });
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'c14', execId: '' }, { metadata: META })), GRPC_CODES.NotFound, 'the late create is undone');
+    assert.deepEqual(runcList(), [], 'runc knows no container of either');
   });
 
   test("a sandbox's Shutdown deletes the tasks it left, processes, rootfs and records, and no other sandbox's", async () => {
