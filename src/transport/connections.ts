@@ -67,8 +67,8 @@ class Connection {
   /** It has carried a whole call: a client, not just a connection. */
   called = false;
   /**
-   * Its place in the eviction order, oldest first: when it was accepted, or when its last
-   * call ended. Bytes without a call do not move it.
+   * When it was accepted, or when its last call ended (with its handshake, its place in the
+   * eviction order: see since()). Bytes without a call do not move it.
    */
   turn: number;
   /** When the PING checking that node still serves it went out; 0 when none is out. */
@@ -97,7 +97,15 @@ class Connection {
   rank(now: number): number | undefined {
     if (this.calls > 0) return undefined;
     if (this.handshakenAt === 0) return this.socket.bytesRead > 0 ? 0 : 2;
-    return now - Math.max(this.handshakenAt, this.turn) < NEW_CLIENT_GRACE_MS ? 3 : 1;
+    return now - this.since() < NEW_CLIENT_GRACE_MS ? 3 : 1;
+  }
+
+  /**
+   * Its place in the order within a rank, oldest first: its turn, or its handshake when that
+   * came later (a client that waited to write is as new as its handshake, not as its accept).
+   */
+  since(): number {
+    return Math.max(this.handshakenAt, this.turn);
   }
 
   /** What the log says of it. */
@@ -141,8 +149,9 @@ class Connection {
  *   closed or sent something else are gone by then, and the rest take a place;
  * - the table holds `limit` seated connections. When one is seated over the limit, the one that
  *   goes is the lowest by rank (Connection.rank: a partial handshake first, a new client in its
- *   grace last), the new one included, then the oldest turn (accepted, or ended its last call,
- *   longest ago): bytes that are no call do not make a connection younger. A connection with a
+ *   grace last), the new one included, then the oldest turn (accepted, handshaken, or ended its
+ *   last call, longest ago): other bytes do not make a connection younger, and a client that
+ *   waited to write is as new as its handshake. A connection with a
  *   call in flight (containerd's, holding its Waits) is never the one closed. A new one that has
  *   sent nothing yet and would be the one to go is not judged yet: it waits, without a place,
  *   for its first bytes, up to FIRST_BYTES_MS after its accept (a client's handshake may come
@@ -153,6 +162,7 @@ class Connection {
 export class ConnectionTable {
   readonly #limit: number;
   readonly #maxArriving: number;
+  readonly #firstBytesMs: number;
   readonly #log: Logger;
   readonly #inject: (socket: Socket) => void;
   /** Every connection open, arriving or seated, in order of acceptance. */
@@ -180,11 +190,13 @@ export class ConnectionTable {
   /**
    * `http2Server` is the server behind `inject` (grpc-js's connection injector): the table
    * learns each connection's session from it. `limit` bounds the seated connections,
-   * `maxArriving` the ones accepted and not read yet.
+   * `maxArriving` the ones accepted and not read yet; `firstBytesMs` (FIRST_BYTES_MS unless
+   * given) is how long a newcomer that would be turned away may wait for its first bytes.
    */
-  constructor(options: { http2Server: http2.Http2Server; inject: (socket: Socket) => void; limit: number; maxArriving: number; log: Logger }) {
+  constructor(options: { http2Server: http2.Http2Server; inject: (socket: Socket) => void; limit: number; maxArriving: number; firstBytesMs?: number; log: Logger }) {
     this.#limit = options.limit;
     this.#maxArriving = options.maxArriving;
+    this.#firstBytesMs = options.firstBytesMs ?? FIRST_BYTES_MS;
     this.#log = options.log;
     this.#inject = options.inject;
     options.http2Server.on('session', (session: http2.ServerHttp2Session) => this.#attach(session));
@@ -351,7 +363,7 @@ export class ConnectionTable {
     this.#seated.add(connection);
     if (this.#seated.size <= this.#limit) return;
     const victim = this.#victim(connection, now);
-    if (victim === connection && connection.socket.bytesRead === 0 && now - connection.acceptedAt < FIRST_BYTES_MS) {
+    if (victim === connection && connection.socket.bytesRead === 0 && now - connection.acceptedAt < this.#firstBytesMs) {
       connection.seated = false;
       connection.waiting = true;
       this.#seated.delete(connection);
@@ -369,7 +381,7 @@ export class ConnectionTable {
     let victimRank = seating.rank(now) ?? Number.POSITIVE_INFINITY;
     for (const connection of this.#seated) {
       const rank = connection.rank(now);
-      if (rank === undefined || rank > victimRank || (rank === victimRank && connection.turn >= victim.turn)) continue;
+      if (rank === undefined || rank > victimRank || (rank === victimRank && connection.since() >= victim.since())) continue;
       victim = connection;
       victimRank = rank;
     }
@@ -381,7 +393,7 @@ export class ConnectionTable {
     const now = Date.now();
     for (const connection of this.#connections) {
       if (connection.waiting) {
-        if (now - connection.acceptedAt >= FIRST_BYTES_MS) this.#seat(connection, now);
+        if (now - connection.acceptedAt >= this.#firstBytesMs) this.#seat(connection, now);
       } else if (!connection.handedOver) {
         if (now - connection.acceptedAt >= HANDSHAKE_MS) this.#endFor(connection, 'no handshake in time', now);
       } else if (connection.session?.closed === true) {

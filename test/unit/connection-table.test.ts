@@ -117,6 +117,48 @@ describe('the connection table under crowds of connections', () => {
     await Promise.all([...busy, client].map((p) => p.closed));
   });
 
+  test('a client that waited for its first bytes is, once handshaken, younger than clients that handshook while it waited', async () => {
+    // A table of its own whose newcomers may wait a minute for their first bytes: what this
+    // test orders is the handshakes, not a clock.
+    const ownFile = path.join(dir, 'waiting.sock');
+    const ownHttp2 = http2.createServer();
+    const own = new ConnectionTable({ http2Server: ownHttp2, inject: (socket) => ownHttp2.emit('connection', socket), limit: LIMIT, maxArriving: 4096, firstBytesMs: 60_000, log: pino({ level: 'silent' }) });
+    const ownListener = net.createServer((socket) => own.accept(socket));
+    await new Promise<void>((resolve) => ownListener.listen({ path: ownFile, backlog: 4096 }, resolve));
+    const mine: Peer[] = [];
+    try {
+      // Every place but one taken by a connection with a call in flight (nobody answers here).
+      for (let i = 0; i < LIMIT - 1; i++) {
+        const call = frame(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 1, requestBlock('/x.Y/Z', 'ns'));
+        const peer = connect(ownFile, Buffer.concat([HANDSHAKE, call]));
+        mine.push(peer);
+        await peer.answered;
+      }
+      const first = connect(ownFile, HANDSHAKE);
+      mine.push(first);
+      await first.answered;
+      // The client connects and is slow to write: no place for it yet, it waits.
+      const client = connect(ownFile);
+      mine.push(client);
+      // Another connection makes its handshake meanwhile and takes the last place from `first`.
+      const second = connect(ownFile, HANDSHAKE);
+      mine.push(second);
+      await Promise.all([second.answered, first.closed]);
+      assert.equal(client.isClosed, false);
+      // Now the client's handshake: `second` handshook before it, and is the one to go.
+      client.socket.write(HANDSHAKE);
+      const gone = await Promise.race([client.closed.then(() => 'the client'), second.closed.then(() => 'the connection that handshook before it')]);
+      assert.equal(gone, 'the connection that handshook before it', 'the client was turned away for the time it waited to write');
+      await client.answered;
+      assert.equal(client.isClosed, false);
+    } finally {
+      for (const peer of mine) peer.socket.destroy();
+      await Promise.all(mine.map((p) => p.closed));
+      own.close();
+      await new Promise((resolve) => ownListener.close(resolve));
+    }
+  });
+
   test('a connection node is closing, whose peer said GOAWAY and left a request unfinished, is closed', async () => {
     const goaway = Buffer.alloc(8); // last stream 0, NO_ERROR
     const peer = connect(
