@@ -24,6 +24,13 @@ const ACK_FLAG = 0x1;
  */
 const MAX_FIRST_SETTINGS_LENGTH = 16_384;
 
+/**
+ * The table's clock (ms): monotonic, in fractions of a millisecond, so that connections
+ * accepted or handshaken within one millisecond still come in the order they did (a flood
+ * puts many there). Only differences are used; never 0 once the process runs.
+ */
+const clock = (): number => performance.now();
+
 /** The table logs what it ended at most this often, as counts by reason. */
 const LOG_EVERY_MS = 10_000;
 
@@ -73,7 +80,7 @@ class Connection {
   turn: number;
   /** When the PING checking that node still serves it went out; 0 when none is out. */
   pingSentAt = 0;
-  /** When it last carried a call or answered a PING (ms since the epoch). */
+  /** When it last carried a call or answered a PING (on the table's clock). */
   lastHeard: number;
 
   constructor(
@@ -211,7 +218,7 @@ export class ConnectionTable {
 
   /** Takes a connection the listening socket accepted (see the class for how it finds a place). */
   accept(socket: Socket): void {
-    const now = Date.now();
+    const now = clock();
     if (this.#closed) {
       socket.destroy();
       return;
@@ -256,7 +263,7 @@ export class ConnectionTable {
           // socket hands node what it holds but not an end it has already read, so an end read
           // here must close it here.
           if (progress === 'complete') {
-            connection.handshakenAt = Date.now();
+            connection.handshakenAt = clock();
             setImmediate(() => {
               socket.off('readable', onReadable);
               this.#handOver(connection, head);
@@ -266,9 +273,9 @@ export class ConnectionTable {
       }
       if (progress === 'not HTTP/2') {
         socket.off('readable', onReadable);
-        this.#endFor(connection, 'not HTTP/2', Date.now());
+        this.#endFor(connection, 'not HTTP/2', clock());
       } else if (connection.waiting && head.length > 0) {
-        this.#seat(connection, Date.now());
+        this.#seat(connection, clock());
       }
     };
     socket.on('readable', onReadable);
@@ -297,7 +304,7 @@ export class ConnectionTable {
     this.#closed = true;
     clearInterval(this.#sweep);
     for (const connection of this.#connections) this.#end(connection);
-    this.#flushLog(Date.now(), true);
+    this.#flushLog(clock(), true);
   }
 
   #attach(session: http2.ServerHttp2Session): void {
@@ -311,10 +318,10 @@ export class ConnectionTable {
         if (stream.destroyed) return;
         connection.calls++;
         connection.called = true;
-        connection.lastHeard = Date.now();
+        connection.lastHeard = clock();
         stream.once('close', () => {
           connection.calls--;
-          connection.turn = connection.lastHeard = Date.now();
+          connection.turn = connection.lastHeard = clock();
         });
       };
       if (stream.endAfterHeaders || stream.readableEnded) called();
@@ -339,7 +346,7 @@ export class ConnectionTable {
   /** Seats the arrivals that have had their first read (see the class), making room as it goes. */
   #seatArrivals(): void {
     const arrivals = this.#arrivals;
-    const now = Date.now();
+    const now = clock();
     let at = this.#arrivalsHead;
     for (let connection: Connection | undefined; (connection = arrivals[at]) !== undefined && connection.acceptedGeneration + 2 <= this.#generation; at++) {
       if (this.#connections.has(connection)) this.#seat(connection, now);
@@ -390,7 +397,7 @@ export class ConnectionTable {
 
   /** The sweep: handshake deadlines, and PINGs checking that node still serves quiet connections. */
   #check(): void {
-    const now = Date.now();
+    const now = clock();
     for (const connection of this.#connections) {
       if (connection.waiting) {
         if (now - connection.acceptedAt >= this.#firstBytesMs) this.#seat(connection, now);
@@ -419,7 +426,7 @@ export class ConnectionTable {
     session.ping((err) => {
       if (err !== null) return;
       connection.pingSentAt = 0;
-      connection.lastHeard = Date.now();
+      connection.lastHeard = clock();
     });
   }
 
