@@ -108,11 +108,6 @@ export interface TaskTableOptions {
   readonly holderPath: string;
   /** Starts holders without a fork of tsbox when one of its processes is free. */
   readonly holderStarter?: HelperService;
-  /**
-   * How long a container's holder may take to answer a create or an exec when the call's own
-   * deadline is not sooner (CONTAINER_ANSWER_MS when not given).
-   */
-  readonly createTimeoutMs?: number;
   readonly rootfs: RootfsMounter;
   readonly events: TaskEvents;
   readonly cgroups: ContainerCgroups | undefined;
@@ -189,11 +184,12 @@ class Task {
 }
 
 /**
- * How long a holder may take to create a container or start an exec: kubelet's own bound on
- * a runtime call (2 min). runc alone may wait 30 s for systemd to start a container's scope
- * on a busy node, and the runc shim waits for runc as long as the call lasts.
+ * How long a holder may take to create a container or start an exec when the call's own
+ * deadline is not sooner: kubelet's own bound on a runtime call (2 min). runc alone may wait
+ * 30 s for systemd to start a container's scope on a busy node, and the runc shim waits for
+ * runc as long as the call lasts.
  */
-export const CONTAINER_ANSWER_MS = 120_000;
+const CONTAINER_ANSWER_MS = 120_000;
 
 /** How long a holder found at work after a restart may take to die of SIGKILL. */
 const HOLDER_END_MS = 10_000;
@@ -383,7 +379,7 @@ export class TaskTable {
           holderPath: this.#opts.holderPath,
           ...(this.#opts.holderStarter === undefined ? {} : { starter: this.#opts.holderStarter }),
           runcPath: record.runcPath,
-          timeoutMs: this.#opts.createTimeoutMs ?? CONTAINER_ANSWER_MS,
+          timeoutMs: CONTAINER_ANSWER_MS,
           signal,
           bundle: request.bundle,
           killAll: sharesPidNamespace(config),
@@ -536,7 +532,7 @@ export class TaskTable {
           holderPath: this.#opts.holderPath,
           ...(this.#opts.holderStarter === undefined ? {} : { starter: this.#opts.holderStarter }),
           runcPath: task.record.runcPath,
-          timeoutMs: this.#opts.createTimeoutMs ?? CONTAINER_ANSWER_MS,
+          timeoutMs: CONTAINER_ANSWER_MS,
           signal,
           process: proc.spec ?? {},
         });
