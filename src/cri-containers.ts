@@ -9,9 +9,9 @@
  * delete returns. With podsandbox that delete is quick (the pod's runc shim stays for the
  * pause container); on tsbox's version-2 route the pod's runc shim ends with its last
  * container, inside that delete, which can take seconds on a slow node. A RemovePodSandbox in
- * that window fails with "container is still running". So Stop does not answer until CRI counts none of the pod's
- * containers as running (bounded: a container that really runs, stopped through `ctr` rather
- * than CRI, must not hold a Stop for long).
+ * that window fails with "container is still running". So Stop does not answer until CRI
+ * counts none of the pod's containers as running (bounded: a container that really runs,
+ * stopped through `ctr` rather than CRI, must not hold a Stop for long).
  */
 import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';

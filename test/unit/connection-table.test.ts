@@ -42,25 +42,39 @@ function connect(file: string, first?: Buffer): Peer {
   return peer;
 }
 
-describe('the connection table under crowds of connections', () => {
-  const dir = mkdtempSync(path.join(tmpdir(), 'connection-table-'));
-  const file = path.join(dir, 's.sock');
+/** A table of LIMIT in front of node's HTTP/2 server, on a listening unix socket at `file`. */
+function tableAt(file: string, firstBytesMs?: number) {
   const http2Server = http2.createServer();
   const table = new ConnectionTable({
     http2Server,
     inject: (socket) => http2Server.emit('connection', socket),
     limit: LIMIT,
     maxArriving: 4096,
+    ...(firstBytesMs === undefined ? {} : { firstBytesMs }),
     log: pino({ level: 'silent' }),
   });
   const listener = net.createServer((socket) => table.accept(socket));
+  return {
+    http2Server,
+    table,
+    listen: () => new Promise<void>((resolve) => listener.listen({ path: file, backlog: 4096 }, resolve)),
+    async close(): Promise<void> {
+      table.close();
+      await new Promise((resolve) => listener.close(resolve));
+    },
+  };
+}
+
+describe('the connection table under crowds of connections', () => {
+  const dir = mkdtempSync(path.join(tmpdir(), 'connection-table-'));
+  const file = path.join(dir, 's.sock');
+  const { table, listen, close } = tableAt(file);
   const peers: Peer[] = [];
 
-  before(() => new Promise<void>((resolve) => listener.listen({ path: file, backlog: 4096 }, resolve)));
+  before(listen);
   after(async () => {
     for (const peer of peers) peer.socket.destroy();
-    table.close();
-    await new Promise((resolve) => listener.close(resolve));
+    await close();
     rmSync(dir, { recursive: true, force: true });
   });
 
@@ -122,16 +136,14 @@ describe('the connection table under crowds of connections', () => {
     // A table of its own whose newcomers may wait a minute for their first bytes: what this
     // test orders is the handshakes, not a clock.
     const ownFile = path.join(dir, 'waiting.sock');
-    const ownHttp2 = http2.createServer();
-    const own = new ConnectionTable({ http2Server: ownHttp2, inject: (socket) => ownHttp2.emit('connection', socket), limit: LIMIT, maxArriving: 4096, firstBytesMs: 60_000, log: pino({ level: 'silent' }) });
-    const ownListener = net.createServer((socket) => own.accept(socket));
-    await new Promise<void>((resolve) => ownListener.listen({ path: ownFile, backlog: 4096 }, resolve));
+    const own = tableAt(ownFile, 60_000);
+    await own.listen();
     const mine: Peer[] = [];
     // The table counts a call when node's session announces its stream (as the server does).
     let calls = 0;
     let allCalls: () => void = () => undefined;
     const callsCounted = new Promise<void>((resolve) => (allCalls = resolve));
-    ownHttp2.on('stream', () => {
+    own.http2Server.on('stream', () => {
       if (++calls === LIMIT - 1) allCalls();
     });
     try {
@@ -163,8 +175,7 @@ describe('the connection table under crowds of connections', () => {
     } finally {
       for (const peer of mine) peer.socket.destroy();
       await Promise.all(mine.map((p) => p.closed));
-      own.close();
-      await new Promise((resolve) => ownListener.close(resolve));
+      await own.close();
     }
   });
 
