@@ -58,7 +58,7 @@ function tableAt(file: string, firstBytesMs?: number) {
     http2Server,
     table,
     listen: () => new Promise<void>((resolve) => listener.listen({ path: file, backlog: 4096 }, resolve)),
-    async close(): Promise<void> {
+    close: async (): Promise<void> => {
       table.close();
       await new Promise((resolve) => listener.close(resolve));
     },
