@@ -3,12 +3,12 @@ import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import type { Logger } from 'pino';
 import type { Controller } from '../controller/controller.js';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError } from '../errors.js';
 import { admitStreams, injectorHttp2Server } from './admission.js';
 import { ConnectionTable } from './connections.js';
 import { addControllerService } from './controller-service.js';
 import { GRPC_SERVER_OPTIONS, LISTEN_BACKLOG, maxArrivingConnections, maxConnections } from './limits.js';
-import { claimSocket, prepareSocketPath } from './socket.js';
+import { listenUnixSocket } from './socket.js';
 
 export { MAX_MESSAGE_BYTES } from './limits.js';
 
@@ -73,20 +73,8 @@ export function createServer(options: ServerOptions): TsboxServer {
 
   return {
     async listen() {
-      await prepareSocketPath(options.socketPath);
-      try {
-        await new Promise<void>((resolve, reject) => {
-          listener.once('error', reject);
-          listener.listen({ path: options.socketPath, backlog: LISTEN_BACKLOG }, () => {
-            listener.off('error', reject);
-            resolve();
-          });
-        });
-      } catch (err) {
-        throw new TsboxError('Unavailable', `cannot listen on ${options.socketPath}: ${messageOf(err)}`, { cause: err });
-      }
+      socket = await listenUnixSocket(listener, options.socketPath, options.socketMode, LISTEN_BACKLOG);
       listener.on('error', (err) => log.error({ err }, 'listening socket error'));
-      socket = await claimSocket(options.socketPath, options.socketMode);
       log.info(
         { socket: options.socketPath, mode: options.socketMode.toString(8), maxConnections: connectionLimit },
         'listening',

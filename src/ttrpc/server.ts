@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import { GRPC_CODES, TsboxError, messageOf } from '../errors.js';
 import { Request, Response } from '../gen/ttrpc/request.js';
 import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limits.js';
-import { claimSocket, prepareSocketPath } from '../transport/socket.js';
+import { listenUnixSocket } from '../transport/socket.js';
 import { toStatus, type Status } from '../transport/status.js';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded, type Frame } from './frame.js';
 import { FRONT_CANCEL, FRONT_SERVICE, decodeCancel } from './front-link.js';
@@ -158,20 +158,8 @@ export class TtrpcServer {
 
   /** Binds the socket at `path` (replacing a stale one, refusing a live one) with `mode`. */
   async listen(path: string, mode: number): Promise<void> {
-    await prepareSocketPath(path);
-    try {
-      await new Promise<void>((resolve, reject) => {
-        this.#listener.once('error', reject);
-        this.#listener.listen({ path, backlog: LISTEN_BACKLOG }, () => {
-          this.#listener.off('error', reject);
-          resolve();
-        });
-      });
-    } catch (err) {
-      throw new TsboxError('Unavailable', `cannot listen on ${path}: ${messageOf(err)}`, { cause: err });
-    }
+    this.#socket = await listenUnixSocket(this.#listener, path, mode, LISTEN_BACKLOG);
     this.#listener.on('error', (err) => this.#log.error({ err }, 'listening socket error'));
-    this.#socket = await claimSocket(path, mode);
     this.#sweep = setInterval(() => this.#checkFrames(), SWEEP_MS);
     this.#sweep.unref();
     this.#log.info({ socket: path, mode: mode.toString(8), maxConnections: this.#maxConnections }, 'listening');
