@@ -1,6 +1,6 @@
 import type { ServerUnaryCall } from '@grpc/grpc-js';
 import { TsboxError } from '../errors.js';
-import { MAX_TIMER_MS } from './limits.js';
+import { DEADLINE_MARGIN_MS, MAX_TIMER_MS } from './limits.js';
 
 /** The metadata key containerd puts its namespace in. */
 export const NAMESPACE_KEY = 'containerd-namespace';
@@ -34,19 +34,22 @@ export class CallRegistry {
  * that fires on client cancel, deadline or daemon shutdown, with a TsboxError as its reason
  * (Cancelled, DeadlineExceeded, Unavailable). grpc-js reports a cancel or a connection lost
  * as the call's 'cancelled' event, but does not stop a handler at the deadline: the context
- * keeps its own timer for that. The signal is armed only when a handler asks for it, so a
- * call that never waits pays nothing; `dispose` (when the call is answered) removes the
- * listener, the timer and the registry entry.
+ * keeps its own timer for that, due a little before the deadline (DEADLINE_MARGIN_MS), so
+ * that the answer reaches containerd before its own copy of the deadline passes; a cancel
+ * that comes after that point is taken for the deadline. The signal is armed only when a
+ * handler asks for it, so a call that never waits pays nothing; `dispose` (when the call is
+ * answered) removes the listener, the timer and the registry entry.
  */
 export class CallContext {
   readonly #call: ServerUnaryCall<unknown, unknown>;
   readonly #registry: CallRegistry;
   #controller: AbortController | undefined;
   #timer: NodeJS.Timeout | undefined;
-  #deadline = Infinity;
+  /** When the call is given up as past its deadline: a little before the deadline itself. */
+  #giveUpAt = Infinity;
   readonly #onCancelled = (): void => {
     this.abort(
-      Date.now() >= this.#deadline
+      Date.now() >= this.#giveUpAt
         ? new TsboxError('DeadlineExceeded', 'deadline exceeded')
         : new TsboxError('Cancelled', 'call cancelled by the client'),
     );
@@ -79,14 +82,17 @@ export class CallContext {
     this.#registry.add(this);
     this.#call.on('cancelled', this.#onCancelled);
     const deadline = this.#call.getDeadline();
-    this.#deadline = deadline instanceof Date ? deadline.getTime() : deadline;
-    if (Number.isFinite(this.#deadline)) this.#armTimer();
+    const deadlineMs = deadline instanceof Date ? deadline.getTime() : deadline;
+    if (Number.isFinite(deadlineMs)) {
+      this.#giveUpAt = deadlineMs - Math.min(DEADLINE_MARGIN_MS, Math.max(0, deadlineMs - Date.now()) / 10);
+      this.#armTimer();
+    }
     return controller.signal;
   }
 
   /** A timer holds at most 2^31-1 ms: a later deadline re-arms it until it is due. */
   #armTimer(): void {
-    const left = this.#deadline - Date.now();
+    const left = this.#giveUpAt - Date.now();
     if (left <= 0) {
       this.#timer = undefined;
       this.abort(new TsboxError('DeadlineExceeded', 'deadline exceeded'));

@@ -188,3 +188,16 @@ export const GRPC_SERVER_OPTIONS: ServerOptions = {
 
 /** The largest delay a node timer takes; a longer one fires after 1 ms. */
 export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * How long before a call's deadline tsbox gives up on it and answers DEADLINE_EXCEEDED: at
+ * most this, and at most a tenth of the time the call had. The deadline tsbox reads was
+ * passed on by containerd, which keeps the same deadline for its own caller: an answer that
+ * comes at the deadline races containerd's own expiry, and a grpc-go server that reaches its
+ * deadline first resets its caller's stream (RST_STREAM CANCEL), which a grpc-js or any
+ * non-Go caller reports as CANCELLED. Answering this much earlier lets containerd pass
+ * DEADLINE_EXCEEDED on, as podsandbox's Wait gives it. It covers the round trip on the unix
+ * socket and the lateness of a timer on a busy event loop: 25 ms was not enough on the slow
+ * test node, where a Wait's answer came after the caller's own timer had ended the call.
+ */
+export const DEADLINE_MARGIN_MS = 100;

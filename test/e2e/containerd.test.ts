@@ -222,6 +222,37 @@ describe('sandboxer behind a real containerd', () => {
       await c.store.call('Delete', { sandbox_id: id });
     }));
 
+  test('a Wait through containerd whose 1 s deadline passes on a running sandbox is DEADLINE_EXCEEDED, every time', () =>
+    withLogs(async () => {
+      const ns = `e2e-wait-deadline-${suffix}`;
+      const id = 'wait-deadline';
+      await createThroughContainerd(ns, id);
+      const ref = { sandbox_id: id, sandboxer: sandboxerName };
+      const c = clients(ns);
+      await c.controller.call('Start', ref);
+      // containerd passes the client's deadline on to the sandboxer: whichever side sees it
+      // pass first, the client must be told DEADLINE_EXCEEDED (never CANCELLED, which a caller
+      // reads as its own cancel), as with podsandbox. One after the other, on one channel,
+      // then eight at once: the race is between tsbox's answer and containerd's own expiry.
+      const codes: string[] = [];
+      const oneWait = async (): Promise<void> => {
+        const err = await expectGrpcError(c.controller.call('Wait', ref, { timeoutMs: 1000 }));
+        codes.push(`${grpc.status[err.code ?? -1] ?? String(err.code)}${err.code === grpc.status.DEADLINE_EXCEEDED ? '' : ` (${err.details})`}`);
+      };
+      for (let i = 0; i < 6; i++) await oneWait();
+      await Promise.all(Array.from({ length: 8 }, oneWait));
+      assert.deepEqual(
+        codes.filter((code) => code !== 'DEADLINE_EXCEEDED'),
+        [],
+        `each of ${codes.length} Waits must end DEADLINE_EXCEEDED: ${codes.join(', ')}`,
+      );
+      const status = await c.controller.call('Status', ref);
+      assert.equal(status.state, 'SANDBOX_READY', 'the Waits changed nothing');
+      await c.controller.call('Stop', { ...ref, timeout_secs: 0 });
+      await c.controller.call('Shutdown', ref);
+      await c.store.call('Delete', { sandbox_id: id });
+    }));
+
   test('the same id in two namespaces is two independent sandboxes', () =>
     withLogs(async () => {
       const nsA = `e2e-ns-a-${suffix}`;

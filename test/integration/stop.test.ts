@@ -151,6 +151,23 @@ describe('deadlines and cancellation', () => {
       await client.shutdown({ sandboxId: id });
     }));
 
+  test('a Wait whose 1 s deadline passes is answered by tsbox before the deadline, so that a proxy in between can pass DEADLINE_EXCEEDED on', () =>
+    withLog(daemon, async () => {
+      const client = d().client(ns);
+      const id = 'wait-answered-early';
+      await createAndStart(d(), client, id);
+      // grpc-js's client says "Deadline exceeded after ..." when its own timer ends the call;
+      // tsbox's answer says "deadline exceeded". containerd's server resets its caller's
+      // stream at the same deadline: only an answer from tsbox that comes first lets
+      // containerd's caller see DEADLINE_EXCEEDED rather than CANCELLED.
+      for (let i = 0; i < 5; i++) {
+        const err = await expectCode(client.wait({ sandboxId: id }, { timeoutMs: 1000 }), GrpcStatus.DEADLINE_EXCEEDED);
+        assert.equal(err.details, 'deadline exceeded', `Wait ${i + 1} was ended by the client's own timer: ${err.details}`);
+      }
+      await client.stop({ sandboxId: id, timeoutSecs: 0 });
+      await client.shutdown({ sandboxId: id });
+    }));
+
   test('a cancelled Wait ends CANCELLED; the other waiters still get the exit', () =>
     withLog(daemon, async () => {
       const client = d().client(ns);
