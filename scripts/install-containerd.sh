@@ -15,18 +15,9 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-sid_list=/etc/apt/sources.list.d/tsbox-sid.list
-pin=/etc/apt/preferences.d/tsbox-sid
-if [ ! -f "$sid_list" ]; then
-  log "adding Debian sid with a low pin"
-  echo 'deb http://deb.debian.org/debian sid main' > "$sid_list"
-  printf 'Package: *\nPin: release a=unstable\nPin-Priority: 100\n' > "$pin"
-  apt_updated=0
-else
-  apt_updated=1
-fi
-
-need_update() { [ "$apt_updated" = 1 ] || { log "apt-get update"; apt-get update -qq; apt_updated=1; }; }
+# shellcheck source=scripts/apt-sid.sh
+. "$here/scripts/apt-sid.sh"
+need_update() { sid_apt_update; }
 
 have_containerd2() {
   command -v containerd >/dev/null 2>&1 && containerd --version 2>/dev/null | grep -Eq ' v?2\.'

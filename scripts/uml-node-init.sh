@@ -7,6 +7,7 @@
 # Set by uml-node.sh on the kernel command line (the kernel passes it in the environment):
 #   tsbox_node_dir  the node's directory on the host: rw/ and root/ are empty mount points,
 #                   share/ holds the unit's command and receives its output and exit status.
+#   tsbox_node_modules  the kernel's modules (a host directory named after the kernel's release).
 set -eu
 
 fail() {
@@ -17,8 +18,9 @@ fail() {
 
 dir="${tsbox_node_dir:?tsbox_node_dir not set on the kernel command line}"
 release="$(uname -r)"
-modules="/usr/lib/uml/modules/$release"
-[ -d "$modules" ] || fail "$modules not found (scripts/install-uml.sh installs user-mode-linux)"
+modules="${tsbox_node_modules:?tsbox_node_modules not set on the kernel command line}"
+[ -d "$modules/kernel" ] || fail "$modules/kernel not found (scripts/install-uml.sh installs the kernel and its modules)"
+[ "${modules##*/}" = "$release" ] || fail "$modules is not named after the kernel's release $release"
 
 # overlay is a module of the UML kernel; insmod (kmod) needs no /lib/modules yet.
 insmod "$modules/kernel/fs/overlayfs/overlay.ko" || fail "insmod overlay.ko failed"

@@ -9,7 +9,8 @@
 #
 #   --repo DIR          directory the command starts in (default: this script's repository)
 #   --timeout SECONDS   bound on the whole run, boot included (default 3600); when it is hit
-#                       the node is killed and the exit status is 124
+#                       the node is killed and the exit status is 124. A kernel panic ends
+#                       the run at once with exit status 3 and the kernel's reason on stderr
 #   --mem SIZE          the node's memory (default 4G)
 #   --env NAME=VALUE    set in the command's environment (repeatable); PATH and every TSBOX_*
 #                       and CRITEST_* variable of the caller are passed on anyway
@@ -48,8 +49,11 @@ done
 [ $# -gt 0 ] || usage
 [[ "$timeout" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a number of seconds, not '$timeout'"
 [ "$(id -u)" -eq 0 ] || die "must run as root (the node reads the host's files as root)"
-uml="$(command -v linux.uml || true)"
-[ -n "$uml" ] || die "linux.uml not found: run scripts/install-uml.sh (as root)"
+# The kernel scripts/install-uml.sh installed (or another one's directory: linux.uml, modules/).
+kernel_dir="$(readlink -f "${TSBOX_UML_KERNEL_DIR:-/usr/local/lib/tsbox-uml/current}" || true)"
+uml="$kernel_dir/linux.uml"
+[ -x "$uml" ] && [ -d "$kernel_dir/modules/kernel" ] \
+  || die "no user-mode Linux kernel in ${TSBOX_UML_KERNEL_DIR:-/usr/local/lib/tsbox-uml/current} (linux.uml, modules/): run scripts/install-uml.sh (as root)"
 [[ "$here$repo" != *[[:space:]]* ]] || die "the repository path must not contain spaces (it goes on the kernel command line)"
 
 # A node keeps one core busy: at most two run at once on a machine (lock slots
@@ -160,16 +164,18 @@ shm_free="$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' |
 memdir=/dev/shm
 if ! [ "${shm_free:-0}" -gt "$mem_bytes" ] 2>/dev/null; then memdir="$node/uml"; fi
 
-# Boots the node and waits for it to power off (or for a bound); sets $reason when it hit one.
+# Boots the node and waits for it to power off (or for a bound); sets $reason when it hit one,
+# and $panic when the kernel panicked (user-mode Linux may then hang instead of exiting).
 boot() {
   started=$SECONDS
   reason=""
+  panic=""
   # The node: the host's / as a read-only hostfs root, our init, a cgroup v2 systemd; the
   # console goes to a file, no other terminal; UML's own files stay in the node's directory.
   TMPDIR="$memdir" unshare --pid --fork --kill-child -- "$uml" \
     "mem=$mem" umid=tsbox-node "$marker" \
     root=/dev/root rootfstype=hostfs rootflags=/ ro \
-    "init=$here/uml-node-init.sh" "tsbox_node_dir=$node" \
+    "init=$here/uml-node-init.sh" "tsbox_node_dir=$node" "tsbox_node_modules=$(readlink -f "$kernel_dir/modules")" \
     systemd.unified_cgroup_hierarchy=1 systemd.show_status=error \
     con=null ssl=null con0=null,fd:1 \
     > "$node/console.log" 2>&1 < /dev/null &
@@ -196,6 +202,11 @@ boot() {
         break
       fi
     fi
+    if grep -saq 'Kernel panic' "$node/console.log"; then
+      panic=1
+      reason="the node's kernel panicked after $elapsed s"
+      break
+    fi
     if [ ! -e "$share/started" ] && [ "$elapsed" -ge "$boot_limit" ]; then
       reason="the node did not start the command within ${boot_limit} s of booting"
       break
@@ -210,13 +221,31 @@ boot() {
   wait "$tailer" 2>/dev/null || true
 }
 
+# The kernel's own words before and at its panic: the lines that say what failed.
+panic_lines() {
+  sed 's/\x1b\[[0-9;]*[A-Za-z]//g; s/\r//g' "$node/console.log" \
+    | grep -av 'Kernel command line' | grep -aiE 'uml-node-init|panic|failed|error|errno|unable|cannot|not syncing|Attempted to kill' | tail -n 12 >&2
+}
+
 boot
+# A kernel panic fails the run at once, with the kernel's reason: booting again would panic
+# again (a kernel that cannot run on this CPU, a broken module or init).
+if [ -n "$panic" ]; then
+  echo "uml-node: $reason ($(readlink -f "$uml") $("$uml" --version 2>/dev/null)); the kernel said:" >&2
+  panic_lines
+  exit 3
+fi
 # A node that never reached the command (the kernel or its init failed before it) is booted
 # once more, saying so: that is the machine, not the command under test.
 if [ ! -e "$share/started" ]; then
   echo "uml-node: the node did not reach the command (${reason:-it stopped}); console tail, then one more boot:" >&2
   console_tail 30
   boot
+  if [ -n "$panic" ]; then
+    echo "uml-node: $reason; the kernel said:" >&2
+    panic_lines
+    exit 3
+  fi
 fi
 
 if [ -n "$reason" ]; then
