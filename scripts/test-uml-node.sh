@@ -2,7 +2,9 @@
 # The cgroup v2 node tier of the test suite: boots a user-mode Linux node with systemd as init
 # (scripts/uml-node.sh) and runs in it, one part after the other,
 #   node       the tests only a cgroup v2 node can check (test/node/*.test.ts)
-#   pods       the whole-pod end-to-end tests and the integration tests that touch cgroups
+#   pods       the whole-pod end-to-end tests and the integration tests that touch cgroups;
+#              pods-1 and pods-2 are its two parts, for two nodes side by side (pods-2: tsbox
+#              doctor's and the churn of 10 pods per route; pods-1: the rest)
 #   critest    Kubernetes' CRI validation suite on tsbox pods (both routes) against podsandbox,
 #              all in the node
 #   critest-tsbox  the suite on tsbox pods of the shim route only, against podsandbox's results
@@ -18,12 +20,13 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 
 # Relative to the repository, where the inside part runs.
-POD_TESTS=(
+POD_TESTS_1=(
   dist/test/e2e/pods.test.js dist/test/e2e/pods-task-api.test.js dist/test/e2e/restart.test.js dist/test/e2e/containerd.test.js
-  dist/test/e2e/cri.test.js dist/test/e2e/doctor.test.js dist/test/e2e/churn.test.js
+  dist/test/e2e/cri.test.js
   dist/test/integration/rpc.test.js dist/test/integration/namespaces.test.js
   dist/test/integration/process.test.js dist/test/integration/stop.test.js
 )
+POD_TESTS_2=(dist/test/e2e/doctor.test.js dist/test/e2e/churn.test.js)
 ALL_PARTS=(node pods critest)
 PODSANDBOX_RESULTS=.cache/critest-podsandbox.json
 
@@ -49,7 +52,9 @@ if [ "${1:-}" = --inside ]; then
     case "$part" in
       node) node --test --test-concurrency=1 --expose-gc dist/test/node/*.test.js || rc=$? ;;
       # A pod takes seconds here: 10 pods come and go per route instead of 100.
-      pods) TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}" node --test --test-concurrency=1 --expose-gc "${POD_TESTS[@]}" || rc=$? ;;
+      pods) TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}" node --test --test-concurrency=1 --expose-gc "${POD_TESTS_1[@]}" "${POD_TESTS_2[@]}" || rc=$? ;;
+      pods-1) node --test --test-concurrency=1 --expose-gc "${POD_TESTS_1[@]}" || rc=$? ;;
+      pods-2) TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}" node --test --test-concurrency=1 --expose-gc "${POD_TESTS_2[@]}" || rc=$? ;;
       critest) bash scripts/critest.sh || rc=$? ;;
       critest-tsbox) CRITEST_ROUTES=shim bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
       critest-task) CRITEST_ROUTES=task bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
@@ -70,7 +75,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --repo) repo="$(cd "${2:?--repo needs a directory}" && pwd)"; shift 2 ;;
     --timeout) timeout="${2:?--timeout needs seconds}"; shift 2 ;;
-    node|pods|critest|critest-tsbox|critest-task) parts+=("$1"); shift ;;
+    node|pods|pods-1|pods-2|critest|critest-tsbox|critest-task) parts+=("$1"); shift ;;
     *) echo "test-uml-node: unknown argument $1 (parts: ${ALL_PARTS[*]})" >&2; exit 2 ;;
   esac
 done

@@ -1,81 +1,148 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (containerd 2.x
-# from Debian, the reference .proto files, npm packages), builds, checks lint and generated
-# code, then runs unit, integration, hostile-peer and end-to-end tests on this machine, and the
-# cgroup v2 node tier in user-mode Linux nodes with systemd (scripts/test-uml-node.sh): two
-# nodes, one beside the machine's tests and one after them.
+# from Debian, the reference .proto files, the user-mode Linux kernel, npm packages), builds,
+# checks lint and generated code, then runs the tests in four lanes at once:
+#
+#   critest   on this machine: Kubernetes' CRI validation suite on podsandbox, then on tsbox
+#             pods of each route against podsandbox's results
+#   machine   on this machine: generated code, lint, then the unit, integration and
+#             end-to-end tiers, two test files at a time; the hostile-peer tier comes after
+#             both machine lanes, alone among the machine's tests
+#   node A    a cgroup v2 node with systemd (user-mode Linux, scripts/test-uml-node.sh): the
+#             whole-pod end-to-end tests and the integration tests that touch cgroups; then,
+#             in a node booted anew, critest on tsbox pods of the Task API route
+#   node B    the node's harness checked from the host (it boots, and a kernel panic fails at
+#             once), then another such node: the node's own tests, tsbox doctor's and the churn
+#             of pods; then, in a node booted anew, critest on tsbox pods of the shim route
+#
+# critest on tsbox, on the machine and in the nodes, is held to podsandbox's results of the
+# machine's run in this same suite: the nodes' critest waits for them (a lock the machine
+# holds until its podsandbox run has ended).
+#
+# The nodes run at a lower CPU priority than the machine's tests, whose bounds (the hostile
+# tier's 1 s answers) are the tighter. Each background lane's output goes to .cache/test-logs/
+# and is printed when the lane ends; at the end comes the time each part took.
 # Must run as root (containerd, namespaces, cgroups): a test that cannot get them fails, it is
 # never skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-
-step() { printf '\n==> %s\n' "$*"; }
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "npm test: must run as root (it starts containerd and sandboxes in their own namespaces)" >&2
   exit 1
 fi
 
-step "install containerd and reference definitions, and the user-mode Linux node"
-bash scripts/install-containerd.sh
-bash scripts/install-uml.sh
+logs=.cache/test-logs
+mkdir -p "$logs"
+rm -f "$logs"/*
+times="$logs/times.tsv"
+suite_started=$SECONDS
 
+step() { printf '\n==> %s\n' "$*"; }
+# part LANE NAME COMMAND...: runs the command, records its time and outcome in $times.
+part() {
+  local lane="$1" name="$2" started=$SECONDS rc=0
+  shift 2
+  "$@" || rc=$?
+  printf '%s\t%s\t%s\t%s\t%s\n' "$lane" "$name" $((started - suite_started)) $((SECONDS - started)) "$rc" >> "$times"
+  return "$rc"
+}
+
+step "install containerd, reference definitions and the user-mode Linux kernel"
+part setup install bash -c 'bash scripts/install-containerd.sh && bash scripts/install-uml.sh'
 if [ ! -d node_modules/@grpc/grpc-js ]; then
   step "npm ci"
-  npm ci --ignore-scripts --no-audit --no-fund
+  part setup "npm ci" npm ci --ignore-scripts --no-audit --no-fund
 fi
-
 step "build"
-npm run -s build
+part setup build npm run -s build
+step "critest's stand-in images"
+part setup "critest images" bash scripts/critest.sh --prepare
 
-step "generated code is up to date"
-before=$(git status --porcelain -- src/gen proto 2>/dev/null || true)
-npm run -s gen
-after=$(git status --porcelain -- src/gen proto 2>/dev/null || true)
-if [ "$before" != "$after" ] || ! git diff --quiet -- src/gen; then
-  git --no-pager diff --stat -- src/gen
-  echo "src/gen is stale: run 'npm run gen' and commit the result" >&2
-  exit 1
-fi
-
-step "lint"
-npm run -s lint
-
-step "CRI validation (critest): tsbox pods against containerd's podsandbox"
-bash scripts/critest.sh
+# The node lanes start now: everything they need is built. The nodes' critest waits for the
+# podsandbox results the machine's critest leaves; the machine holds this lock until then.
+reference_lock="$logs/critest-reference.lock"
+exec 8> "$reference_lock"
+flock 8
+node_lane_a() {
+  exec 8>&-
+  local rc=0
+  part "node A" "pods, integration (cgroups)" nice -n 10 bash scripts/test-uml-node.sh pods-1 || rc=1
+  flock "$reference_lock" true
+  part "node A" "critest tsbox (Task API route)" nice -n 10 bash scripts/test-uml-node.sh critest-task || rc=1
+  return "$rc"
+}
+node_lane_b() {
+  exec 8>&-
+  local rc=0
+  part "node B" "the node itself (uml-node.sh)" node --test --test-concurrency=1 dist/test/harness/*.test.js || rc=1
+  part "node B" "node tests, doctor, churn" nice -n 10 bash scripts/test-uml-node.sh node pods-2 || rc=1
+  flock "$reference_lock" true
+  part "node B" "critest tsbox (shim route)" nice -n 10 bash scripts/test-uml-node.sh critest-tsbox || rc=1
+  return "$rc"
+}
+# The machine's checks that need no critest: generated code, lint, then the unit,
+# integration and end-to-end tiers, two test files at a time.
+gen_check() {
+  local before after
+  before=$(git status --porcelain -- src/gen proto 2>/dev/null || true)
+  npm run -s gen
+  after=$(git status --porcelain -- src/gen proto 2>/dev/null || true)
+  if [ "$before" != "$after" ] || ! git diff --quiet -- src/gen; then
+    git --no-pager diff --stat -- src/gen
+    echo "src/gen is stale: run 'npm run gen' and commit the result" >&2
+    return 1
+  fi
+}
+machine_tests() {
+  exec 8>&-
+  local rc=0
+  part machine "generated code" gen_check || rc=1
+  part machine lint npm run -s lint || rc=1
+  part machine "unit, integration, end-to-end" node --test --test-concurrency=2 --expose-gc \
+    dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/e2e/*.test.js || rc=1
+  return "$rc"
+}
+step "in the background: node A -> $logs/node-a.log, node B -> $logs/node-b.log, the machine's tests -> $logs/machine.log"
+node_lane_a > "$logs/node-a.log" 2>&1 &
+lane_a=$!
+node_lane_b > "$logs/node-b.log" 2>&1 &
+lane_b=$!
+machine_tests > "$logs/machine.log" 2>&1 &
+lane_m=$!
+# Whatever ends this script ends the lanes too (uml-node.sh kills its node on TERM).
+trap 'kill -TERM "$lane_a" "$lane_b" "$lane_m" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 
 failed=()
+step "CRI validation (critest): containerd's podsandbox, the reference for every run on tsbox"
+part critest "podsandbox" bash scripts/critest.sh --podsandbox || failed+=("critest on podsandbox")
+flock -u 8
+exec 8>&-
+step "CRI validation (critest): tsbox pods of each route against podsandbox's results"
+part critest "tsbox (both routes)" bash scripts/critest.sh --reference .cache/critest-podsandbox.json || failed+=("critest on this machine")
+
+lane() { # name pid log
+  local rc=0
+  wait "$2" || rc=$?
+  step "$1, as it ran"
+  cat "$3"
+  [ "$rc" -eq 0 ] || failed+=("$1 (exit $rc)")
+}
+lane "the machine's tests (generated code, lint, unit, integration, end-to-end)" "$lane_m" "$logs/machine.log"
+
 # The hostile-peer tier holds tsbox to answers within a second while it is attacked: it runs
-# before any node shares the machine's cores.
+# alone among the machine's tests.
 step "hostile-peer tests"
-node --test --test-concurrency=1 --expose-gc dist/test/hostile/*.test.js || failed+=("hostile-peer tests")
+part machine "hostile-peer tier" node --test --test-concurrency=1 --expose-gc dist/test/hostile/*.test.js || failed+=("hostile-peer tests")
 
-# The cgroup v2 node tier runs in two user-mode Linux nodes, one core each: critest on tsbox
-# pods (both routes, against the podsandbox results just taken) from now on, beside the
-# machine's other tests; the node's own tests and the whole-pod tests once those are done. A
-# node's output is kept in .cache and printed when it ends.
-mkdir -p .cache
-critest_log=.cache/node-critest.log
-step "cgroup v2 node with systemd (user-mode Linux), in the background: critest on tsbox (both routes) -> $critest_log"
-bash scripts/test-uml-node.sh critest-tsbox critest-task > "$critest_log" 2>&1 &
-critest_node=$!
-# Whatever ends this script ends that node too (uml-node.sh kills it on TERM).
-trap 'kill -TERM "$critest_node" 2>/dev/null || true; wait "$critest_node" 2>/dev/null || true' EXIT
-
-step "tests"
-node --test --test-concurrency=1 --expose-gc \
-  dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/e2e/*.test.js \
-  || failed+=("tests on this machine")
-
-step "cgroup v2 node with systemd (user-mode Linux): node tests, pods, integration"
-bash scripts/test-uml-node.sh node pods || failed+=("node tier: node tests and pods")
-
-step "cgroup v2 node with systemd (user-mode Linux): critest on tsbox (both routes), as it ran"
-rc=0
-wait "$critest_node" || rc=$?
+lane "node A (cgroup v2, systemd): whole-pod tests, critest on the Task API route" "$lane_a" "$logs/node-a.log"
+lane "node B (cgroup v2, systemd): node tests, doctor, churn, critest on the shim route" "$lane_b" "$logs/node-b.log"
 trap - EXIT
-cat "$critest_log"
-[ "$rc" -eq 0 ] || failed+=("node tier: critest (exit $rc)")
+
+step "time per part (started: seconds after the suite's start)"
+awk -F'\t' 'BEGIN { printf "%-8s %-40s %8s %8s  %s\n", "lane", "part", "started", "seconds", "result" }
+  { printf "%-8s %-40s %8d %8d  %s\n", $1, $2, $3, $4, ($5 == 0 ? "passed" : "FAILED (exit " $5 ")") }' "$times"
+printf 'the whole suite: %d s\n' $((SECONDS - suite_started))
 
 if [ "${#failed[@]}" -gt 0 ]; then
   printf '\nnpm test: FAILED: %s\n' "${failed[@]}" >&2
