@@ -7,6 +7,12 @@
 //   critest-compare.mjs --rerun-list REFERENCE.json UNDER-TEST.json
 //       prints, one per line, the specs that passed on the reference but not under test, when
 //       there are at most MAX_RERUNS of them (more is no flake: nothing is rerun)
+//   critest-compare.mjs --failed-list REFERENCE.json
+//       prints, one per line, the specs that failed on the reference run itself (podsandbox),
+//       when there are at most MAX_RERUNS of them
+//   critest-compare.mjs --merge-reruns REFERENCE.json [RERUN.json...]
+//       prints the reference's results with each spec that failed there but passed when rerun
+//       alone counted as passed, named in `passedOnRerun`
 //   critest-compare.mjs REFERENCE.json UNDER-TEST.json [RERUN.json...]
 //       the verdict; a spec that failed only under test counts as passed when a rerun of it
 //       alone passed, and the output says so
@@ -16,12 +22,6 @@ import { readFileSync } from 'node:fs';
 const MAX_RERUNS = 3;
 
 const args = process.argv.slice(2);
-const listOnly = args[0] === '--rerun-list';
-const [refPath, testPath, ...rerunPaths] = listOnly ? args.slice(1) : args;
-if (!refPath || !testPath || (listOnly && rerunPaths.length > 0)) {
-  console.error('usage: critest-compare.mjs [--rerun-list] REFERENCE.json UNDER-TEST.json [RERUN.json...]');
-  process.exit(2);
-}
 const load = (p) => {
   try {
     return JSON.parse(readFileSync(p, 'utf8'));
@@ -30,6 +30,38 @@ const load = (p) => {
     process.exit(1);
   }
 };
+
+if (args[0] === '--failed-list' || args[0] === '--merge-reruns') {
+  const [mode, refPath, ...rerunPaths] = args;
+  if (!refPath || (mode === '--failed-list' && rerunPaths.length > 0)) {
+    console.error('usage: critest-compare.mjs --failed-list REFERENCE.json | --merge-reruns REFERENCE.json [RERUN.json...]');
+    process.exit(2);
+  }
+  const ref = load(refPath);
+  const failedNames = ref.failed.map((f) => f.name);
+  if (mode === '--failed-list') {
+    if (failedNames.length <= MAX_RERUNS) for (const name of failedNames) console.log(name);
+    process.exit(0);
+  }
+  const passedOnRerun = new Set(rerunPaths.map(load).flatMap((r) => r.passed));
+  const recovered = failedNames.filter((name) => passedOnRerun.has(name));
+  const merged = {
+    ...ref,
+    passed: [...ref.passed, ...recovered],
+    failed: ref.failed.filter((f) => !passedOnRerun.has(f.name)),
+    passedOnRerun: recovered,
+    totals: { ...ref.totals, passed: ref.totals.passed + recovered.length, failed: ref.totals.failed - recovered.length },
+  };
+  console.log(JSON.stringify(merged, null, 1));
+  process.exit(0);
+}
+
+const listOnly = args[0] === '--rerun-list';
+const [refPath, testPath, ...rerunPaths] = listOnly ? args.slice(1) : args;
+if (!refPath || !testPath || (listOnly && rerunPaths.length > 0)) {
+  console.error('usage: critest-compare.mjs [--rerun-list] REFERENCE.json UNDER-TEST.json [RERUN.json...]');
+  process.exit(2);
+}
 const ref = load(refPath);
 const test = load(testPath);
 const refClean = ref.totals.passed > 0 && ref.totals.failed === 0;
@@ -46,6 +78,7 @@ if (!refClean) {
   process.exit(1);
 }
 console.log(`critest: podsandbox ${ref.totals.passed} passed, ${ref.totals.failed} failed; tsbox ${test.totals.passed} passed, ${test.totals.failed} failed`);
+for (const spec of ref.passedOnRerun ?? []) console.log(`critest: podsandbox RERUN PASSED: ${spec} — failed on podsandbox in its full run, passed when rerun alone: counted as passed, so tsbox must pass it`);
 for (const f of test.failed) console.log(`  FAIL on tsbox: ${f.name ?? JSON.stringify(f)}${f.reason ? ` — ${f.reason}` : ''}`);
 
 const reruns = rerunPaths.map(load);
