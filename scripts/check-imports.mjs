@@ -25,14 +25,14 @@ const RULES = [
     onlyFrom: { transport: ['transport/status.ts', 'transport/socket.ts', 'transport/limits.ts'], gen: ['gen/ttrpc/', 'gen/google/'] },
   },
   // The Task API server: the task table over the container holders, served through the ttrpc
-  // layer. It takes from the controller only its types and clock, and reaches containerd (the
-  // event bus) through what the daemon hands it.
+  // layer. It takes from the controller only its types, clock and identifier rule, and
+  // reaches containerd (the event bus) through what the daemon hands it.
   {
     layer: 'tasks',
     banned: ['@grpc/grpc-js', 'node:http2'],
     bannedDirs: ['transport', 'state', 'ops'],
     bannedFiles: ['daemon.ts', 'main.ts', 'cli.ts', 'config.ts'],
-    onlyFrom: { controller: ['controller/types.ts', 'controller/clock.ts'] },
+    onlyFrom: { controller: ['controller/types.ts', 'controller/clock.ts', 'controller/identifiers.ts'] },
   },
 ];
 

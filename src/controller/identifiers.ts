@@ -1,14 +1,16 @@
 import { TsboxError } from '../errors.js';
 
 /**
- * containerd's identifier rule for namespaces and sandbox ids (SPEC.md section 3):
- * alphanumerics separated by single '.', '_' or '-', at most 76 characters.
+ * containerd's identifier rule (its pkg/identifiers) for namespaces, sandbox ids, container
+ * (task) ids and exec ids alike (SPEC.md section 3): alphanumerics separated by single '.',
+ * '_' or '-', at most 76 characters. containerd refuses any other before it reaches tsbox, so
+ * tsbox refuses the same, on the Sandbox API and the Task API.
  */
 export const IDENTIFIER = /^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$/;
 export const MAX_IDENTIFIER_LENGTH = 76;
 
 /** Throws InvalidArgument unless `value` is a valid containerd identifier. */
-export function validateIdentifier(what: 'namespace' | 'sandbox_id', value: string): void {
+export function validateIdentifier(what: 'namespace' | 'sandbox_id' | 'task id' | 'exec id', value: string): void {
   if (value === '') throw new TsboxError('InvalidArgument', `${what} is required`);
   if (value.length > MAX_IDENTIFIER_LENGTH) {
     throw new TsboxError('InvalidArgument', `${what} is longer than ${MAX_IDENTIFIER_LENGTH} characters`);
@@ -21,7 +23,10 @@ export function validateIdentifier(what: 'namespace' | 'sandbox_id', value: stri
   }
 }
 
-/** Checks the namespace metadata containerd sends with every call. */
+/**
+ * Checks the namespace metadata containerd sends with every call (gRPC or ttrpc): missing is
+ * FailedPrecondition, as containerd answers it; present and not an identifier, InvalidArgument.
+ */
 export function validateNamespace(namespace: string | undefined): string {
   if (namespace === undefined || namespace === '') {
     // What containerd itself answers without a namespace (SPEC.md section 3).

@@ -15,7 +15,8 @@ import { isSameProcess, signalGroup, untilGone } from './proc.js';
  * The per-container holder (native/tsbox-ctr.c), seen from tsbox: it runs `runc create` or
  * `runc exec`, holds the process's FIFOs and pty, is the process's parent, and writes its exit
  * to `<dir>/exit`. Everything tsbox needs to find it again is in `<dir>`: a restart of tsbox
- * ends no container and loses no exit. Not yet used by the daemon.
+ * ends no container and loses no exit. The task table (src/tasks/tasks.ts) runs every
+ * container and exec of the Task API route through one.
  */
 
 /** What the holder writes to `<dir>/pid` before it answers: both pids with their start times. */

@@ -1,3 +1,4 @@
+import { validateNamespace } from '../controller/identifiers.js';
 import { TsboxError } from '../errors.js';
 import { ProcessDetails } from '../gen/containerd/runc/v1/options.js';
 import { TaskService } from '../gen/containerd/task/v3/shim.js';
@@ -9,11 +10,7 @@ const NAMESPACE_KEY = 'containerd-namespace-ttrpc';
 
 /** containerd's namespace of the call: every task is keyed by it. */
 export function namespaceOf(ctx: TtrpcCallContext): string {
-  const ns = ctx.metadata.get(NAMESPACE_KEY)?.[0] ?? '';
-  if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,75}$/.test(ns)) {
-    throw new TsboxError('InvalidArgument', ns === '' ? `the call carries no namespace (ttrpc metadata ${NAMESPACE_KEY})` : `namespace ${JSON.stringify(ns.slice(0, 80))} is not valid`);
-  }
-  return ns;
+  return validateNamespace(ctx.metadata.get(NAMESPACE_KEY)?.[0]);
 }
 
 /**

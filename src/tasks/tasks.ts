@@ -4,6 +4,7 @@ import { type ChangeCalls, changesAt, changesFor, readFile } from '../fs-now.js'
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
+import { validateIdentifier } from '../controller/identifiers.js';
 import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
 import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresentNow, withPath } from '../errors.js';
 import { Options as RuncHandlerOptions } from '../gen/containerd/runc/v1/options.js';
@@ -212,13 +213,6 @@ function shortName(...parts: string[]): string {
   return createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 16);
 }
 
-/** containerd ids: what runc and the file names accept. */
-const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
-
-function checkId(what: string, id: string): void {
-  if (!ID.test(id)) throw new TsboxError('InvalidArgument', `${what} ${JSON.stringify(id.slice(0, 80))} is not a valid id (letters, digits, '_', '.', '-'; at most 128)`);
-}
-
 async function writeJson(fs: ChangeCalls, path: string, value: unknown): Promise<void> {
   await fs.writeFile(`${path}.tmp`, JSON.stringify(value), { mode: 0o600 });
   await fs.rename(`${path}.tmp`, path);
@@ -320,7 +314,7 @@ export class TaskTable {
    * answers its pid (a replayed call is harmless).
    */
   create(ns: string, request: CreateRequest, signal: CallSignal): Promise<number> {
-    checkId('task id', request.id);
+    validateIdentifier('task id', request.id);
     const key = this.#key(ns, request.id);
     return this.#queue.run(key, async () => {
       const tPrep = performance.now();
@@ -550,7 +544,7 @@ export class TaskTable {
 
   /** Exec: records the process to run; it runs at Start. */
   exec(ns: string, id: string, execId: string, io: ProcessIo, spec: AnyValue | undefined): Promise<void> {
-    checkId('exec id', execId);
+    validateIdentifier('exec id', execId);
     return this.#queue.run(this.#key(ns, id), async () => {
       const task = this.#get(ns, id);
       const known = task.execs.get(execId);

@@ -265,7 +265,13 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.equal(await codeOf(s.client.request(TaskService.create, { ...createRequest('c3', ['true']), checkpoint: '/some/image' }, meta)), GRPC_CODES.FailedPrecondition, 'restore from a checkpoint');
     assert.equal(await codeOf(s.client.request(TaskService.create, { ...createRequest('c4', ['true']), rootfs: [{ type: 'nfs', source: 'x:/y', target: '', options: [] }] }, meta)), GRPC_CODES.InvalidArgument, 'a mount type tsbox does not mount');
     assert.equal(await codeOf(s.client.request(TaskService.create, createRequest('../c5', ['true']), meta)), GRPC_CODES.InvalidArgument, 'a bad id');
-    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'nope', execId: '' })), GRPC_CODES.InvalidArgument, 'no namespace');
+    // containerd's identifier rule, as on the Sandbox API: containerd itself refuses these.
+    assert.equal(await codeOf(s.client.request(TaskService.create, createRequest('c..5', ['true']), meta)), GRPC_CODES.InvalidArgument, 'two separators in a row');
+    assert.equal(await codeOf(s.client.request(TaskService.create, createRequest(`c${'5'.repeat(76)}`, ['true']), meta)), GRPC_CODES.InvalidArgument, 'an id of 77 characters');
+    assert.equal(await codeOf(s.client.request(TaskService.exec, { id: 'nope', execId: 'e..1', terminal: false, stdin: '', stdout: '', stderr: '', spec: undefined }, meta)), GRPC_CODES.InvalidArgument, 'an exec id two separators in a row');
+    // No namespace: what containerd answers (and tsbox's Sandbox API) is FailedPrecondition.
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'nope', execId: '' })), GRPC_CODES.FailedPrecondition, 'no namespace');
+    assert.equal(await codeOf(s.client.request(TaskService.state, { id: 'nope', execId: '' }, { metadata: { 'containerd-namespace-ttrpc': 'a..b' } })), GRPC_CODES.InvalidArgument, 'a namespace that is not an identifier');
     const missing = await codeOf(s.client.request(TaskService.create, createRequest('c6', ['/bin/no-such-binary']), meta));
     assert.notEqual(missing, GRPC_CODES.Unimplemented, 'Create never answers UNIMPLEMENTED');
     await s.client.request(TaskService.shutdown, { id: 'nope', now: true }, meta);
