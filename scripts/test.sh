@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (containerd 2.x
 # from Debian, the reference .proto files, the user-mode Linux kernel, npm packages), builds,
-# checks lint and generated code, then runs the tests in four lanes at once:
+# runs the hostile-peer tier alone (its bounds are answers within a second under attack), then
+# checks lint and generated code and runs the other tests in four lanes at once:
 #
 #   critest   on this machine: Kubernetes' CRI validation suite on podsandbox, then on tsbox
 #             pods of each route against podsandbox's results
 #   machine   on this machine: generated code, lint, then the unit, integration and
-#             end-to-end tiers, two test files at a time; the hostile-peer tier comes after
-#             both machine lanes, alone among the machine's tests
+#             end-to-end tiers, two test files at a time
 #   node A    a cgroup v2 node with systemd (user-mode Linux, scripts/test-uml-node.sh): the
 #             whole-pod end-to-end tests and the integration tests that touch cgroups; then,
 #             in a node booted anew, critest on tsbox pods of the Task API route
@@ -19,9 +19,9 @@
 # machine's run in this same suite: the nodes' critest waits for them (a lock the machine
 # holds until its podsandbox run has ended).
 #
-# The nodes run at a lower CPU priority than the machine's tests, whose bounds (the hostile
-# tier's 1 s answers) are the tighter. Each background lane's output goes to .cache/test-logs/
-# and is printed when the lane ends; at the end comes the time each part took.
+# The nodes run at a lower CPU priority than the machine's tests, whose bounds are the
+# tighter. Each background lane's output goes to .cache/test-logs/ and is printed when the
+# lane ends; at the end comes the time each part took.
 # Must run as root (containerd, namespaces, cgroups): a test that cannot get them fails, it is
 # never skipped.
 set -euo pipefail
@@ -59,7 +59,14 @@ part setup build npm run -s build
 step "critest's stand-in images"
 part setup "critest images" bash scripts/critest.sh --prepare
 
-# The node lanes start now: everything they need is built. The nodes' critest waits for the
+failed=()
+# The hostile-peer tier holds tsbox to answers within a second while it is attacked (a fresh
+# connection's Status among 20 000 connections in flight): it runs first, alone on the machine,
+# before any lane shares its cores.
+step "hostile-peer tests, alone"
+part machine "hostile-peer tier" node --test --test-concurrency=1 --expose-gc dist/test/hostile/*.test.js || failed+=("hostile-peer tests")
+
+# The lanes start now: everything they need is built. The nodes' critest waits for the
 # podsandbox results the machine's critest leaves; the machine holds this lock until then.
 reference_lock="$logs/critest-reference.lock"
 exec 8> "$reference_lock"
@@ -113,7 +120,6 @@ lane_m=$!
 # Whatever ends this script ends the lanes too (uml-node.sh kills its node on TERM).
 trap 'kill -TERM "$lane_a" "$lane_b" "$lane_m" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 
-failed=()
 step "CRI validation (critest): containerd's podsandbox, the reference for every run on tsbox"
 part critest "podsandbox" bash scripts/critest.sh --podsandbox || failed+=("critest on podsandbox")
 flock -u 8
@@ -129,11 +135,6 @@ lane() { # name pid log
   [ "$rc" -eq 0 ] || failed+=("$1 (exit $rc)")
 }
 lane "the machine's tests (generated code, lint, unit, integration, end-to-end)" "$lane_m" "$logs/machine.log"
-
-# The hostile-peer tier holds tsbox to answers within a second while it is attacked: it runs
-# alone among the machine's tests.
-step "hostile-peer tests"
-part machine "hostile-peer tier" node --test --test-concurrency=1 --expose-gc dist/test/hostile/*.test.js || failed+=("hostile-peer tests")
 
 lane "node A (cgroup v2, systemd): whole-pod tests, critest on the Task API route" "$lane_a" "$logs/node-a.log"
 lane "node B (cgroup v2, systemd): node tests, doctor, churn, critest on the shim route" "$lane_b" "$logs/node-b.log"
