@@ -227,25 +227,24 @@ panic_lines() {
     | grep -av 'Kernel command line' | grep -aiE 'uml-node-init|panic|failed|error|errno|unable|cannot|not syncing|Attempted to kill' | tail -n 12 >&2
 }
 
-boot
 # A kernel panic fails the run at once, with the kernel's reason: booting again would panic
 # again (a kernel that cannot run on this CPU, a broken module or init).
-if [ -n "$panic" ]; then
+exit_if_panicked() {
+  [ -n "$panic" ] || return 0
   echo "uml-node: $reason ($(readlink -f "$uml") $("$uml" --version 2>/dev/null)); the kernel said:" >&2
   panic_lines
   exit 3
-fi
-# A node that never reached the command (the kernel or its init failed before it) is booted
+}
+
+boot
+exit_if_panicked
+# A node that never reached the command (its init failed before it, or it stopped) is booted
 # once more, saying so: that is the machine, not the command under test.
 if [ ! -e "$share/started" ]; then
   echo "uml-node: the node did not reach the command (${reason:-it stopped}); console tail, then one more boot:" >&2
   console_tail 30
   boot
-  if [ -n "$panic" ]; then
-    echo "uml-node: $reason; the kernel said:" >&2
-    panic_lines
-    exit 3
-  fi
+  exit_if_panicked
 fi
 
 if [ -n "$reason" ]; then
