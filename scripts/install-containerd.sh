@@ -17,14 +17,13 @@ fi
 
 # shellcheck source=scripts/apt-sid.sh
 . "$here/scripts/apt-sid.sh"
-need_update() { sid_apt_update; }
 
 have_containerd2() {
   command -v containerd >/dev/null 2>&1 && containerd --version 2>/dev/null | grep -Eq ' v?2\.'
 }
 
 if ! have_containerd2; then
-  need_update
+  sid_apt_update
   log "installing containerd from sid"
   # Refuse anything that would upgrade libc6 or other base packages.
   if apt-get -s install --no-install-recommends containerd/sid runc 2>/dev/null | grep -q '^Inst libc6 '; then
@@ -39,7 +38,7 @@ log "$(containerd --version)"
 
 # The install tests check tsbox's systemd unit with systemd-analyze verify.
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-  need_update
+  sid_apt_update
   log "installing systemd (for systemd-analyze)"
   apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
@@ -62,7 +61,7 @@ unpack_debs() {
 protos="$cache/debian-protos"
 proto_debs="golang-github-containerd-containerd-api-dev/sid golang-github-containerd-cgroups-dev/sid golang-k8s-cri-api-dev/sid golang-github-containerd-ttrpc-dev/sid golang-github-gogo-googleapis-dev/sid"
 if [ "$(cat "$protos/.complete" 2>/dev/null)" != "$proto_debs" ]; then
-  need_update
+  sid_apt_update
   log "unpacking reference .proto packages into $protos"
   rm -rf "$protos"
   # shellcheck disable=SC2086 # one word per package
@@ -74,7 +73,7 @@ fi
 # registry): unpacked from Debian 12's package into the cache, never installed.
 busybox="$cache/busybox"
 if [ ! -x "$busybox/bin/busybox" ]; then
-  need_update
+  sid_apt_update
   log "unpacking busybox-static into $busybox"
   rm -rf "$busybox"
   unpack_debs "$busybox/root" busybox-static/bookworm
@@ -85,7 +84,7 @@ fi
 # CNI plugins (bridge, host-local, loopback) for the pods with a network namespace of their
 # own; the tests give them addresses in 127.0.0.0/8 only, so nothing leaves the machine.
 if [ ! -x /usr/lib/cni/bridge ] || [ ! -x /usr/lib/cni/host-local ] || [ ! -x /usr/lib/cni/loopback ]; then
-  need_update
+  sid_apt_update
   log "installing containernetworking-plugins"
   apt-get install -y -qq --no-install-recommends containernetworking-plugins >/dev/null
 fi

@@ -9,10 +9,10 @@
 # panics at init on a CPU with AMX ("ptrace set fp regs failed, errno = 14": its buffer for
 # the host's extended FPU state is smaller than an AMX CPU's), and it runs the node's tests
 # several times slower. sid's kernel needs a newer glibc than Debian 12's, so nothing of it is
-# installed as a package: its .deb and sid's libc6 .deb are unpacked into $TSBOX_UML_DIR
-# (default /usr/local/lib/tsbox-uml/<version>), and the kernel binary's ELF interpreter and
-# run path are pointed at that libc (patchelf). The host's libc and packages are untouched.
-# uml-node.sh finds the kernel through the link $TSBOX_UML_DIR/../current.
+# installed as a package: its .deb and sid's libc6 .deb are unpacked into
+# /usr/local/lib/tsbox-uml/<version>, and the kernel binary's ELF interpreter and run path are
+# pointed at that libc (patchelf). The host's libc and packages are untouched. uml-node.sh
+# finds the kernel through the link /usr/local/lib/tsbox-uml/current.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -52,16 +52,16 @@ if [ ! -f "$current/.complete" ]; then
   log "downloading sid's user-mode-linux and libc6 (unpacked into $base, never installed)"
   (cd "$work" && apt-get download -qq user-mode-linux/sid libc6/sid)
   version="$(dpkg-deb -f "$work"/user-mode-linux_*.deb Version)"
-  dir="${TSBOX_UML_DIR:-$base/$version}"
+  dir="$base/$version"
   rm -rf "$dir.new"
   mkdir -p "$dir.new/root"
   for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$dir.new/root"; done
+  # Where the libc will be once the directory is renamed into place (below).
   libdir="$dir/root/usr/lib/x86_64-linux-gnu"
-  [ -e "$dir.new/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" ] || { echo "install-uml: sid's libc6 has no ld-linux-x86-64.so.2" >&2; exit 1; }
+  [ -e "$dir.new${libdir#"$dir"}/ld-linux-x86-64.so.2" ] || { echo "install-uml: sid's libc6 has no ld-linux-x86-64.so.2" >&2; exit 1; }
   release="$(ls "$dir.new/root/usr/lib/uml/modules")"
   [ -n "$release" ] && [ -d "$dir.new/root/usr/lib/uml/modules/$release/kernel" ] || { echo "install-uml: no modules in the user-mode-linux package" >&2; exit 1; }
   cp "$dir.new/root/usr/bin/linux.uml" "$dir.new/linux.uml"
-  # Its final paths: the directory is renamed into place below.
   patchelf --set-interpreter "$libdir/ld-linux-x86-64.so.2" --set-rpath "$libdir" "$dir.new/linux.uml"
   ln -sfn "root/usr/lib/uml/modules/$release" "$dir.new/modules"
   printf '%s\n' "$version" > "$dir.new/.complete"

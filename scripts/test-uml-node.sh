@@ -42,6 +42,8 @@ if [ "${1:-}" = --inside ]; then
   # A write to the repository that the host must never see (checked there afterwards).
   echo "written inside the node" > .tsbox-node-probe
   echo "==> node up: kernel $(uname -r), $(awk '{printf "%.0f", $1}' /proc/uptime) s since boot, controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+  # A pod takes seconds here: 10 pods come and go per route in the churn test instead of 100.
+  export TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}"
   summary=()
   failed=0
   for part in "$@"; do
@@ -51,10 +53,9 @@ if [ "${1:-}" = --inside ]; then
     rc=0
     case "$part" in
       node) node --test --test-concurrency=1 --expose-gc dist/test/node/*.test.js || rc=$? ;;
-      # A pod takes seconds here: 10 pods come and go per route instead of 100.
-      pods) TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}" node --test --test-concurrency=1 --expose-gc "${POD_TESTS_1[@]}" "${POD_TESTS_2[@]}" || rc=$? ;;
+      pods) node --test --test-concurrency=1 --expose-gc "${POD_TESTS_1[@]}" "${POD_TESTS_2[@]}" || rc=$? ;;
       pods-1) node --test --test-concurrency=1 --expose-gc "${POD_TESTS_1[@]}" || rc=$? ;;
-      pods-2) TSBOX_CHURN_PODS="${TSBOX_CHURN_PODS:-10}" node --test --test-concurrency=1 --expose-gc "${POD_TESTS_2[@]}" || rc=$? ;;
+      pods-2) node --test --test-concurrency=1 --expose-gc "${POD_TESTS_2[@]}" || rc=$? ;;
       critest) bash scripts/critest.sh || rc=$? ;;
       critest-tsbox) CRITEST_ROUTES=shim bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;
       critest-task) CRITEST_ROUTES=task bash scripts/critest.sh --reference "$PODSANDBOX_RESULTS" || rc=$? ;;

@@ -191,7 +191,7 @@ export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * How long before a call's deadline tsbox gives up on it and answers DEADLINE_EXCEEDED: at
- * most this, and at most a tenth of the time the call had. The deadline tsbox reads was
+ * most this, and at most a tenth of the time left when its handler first waits on it. The deadline tsbox reads was
  * passed on by containerd, which keeps the same deadline for its own caller: an answer that
  * comes at the deadline races containerd's own expiry, and a grpc-go server that reaches its
  * deadline first resets its caller's stream (RST_STREAM CANCEL), which a grpc-js or any
