@@ -98,6 +98,14 @@ describe('pods on a cgroup v2 node with systemd', { timeout: 600_000 }, () => {
         await waitFor(() => (keyed(path.join(dir, 'cpu.stat')).get('usage_usec') ?? 0n) > 0n, { what: 'CPU time used in the sandbox\'s cgroup' });
         spinner.kill('SIGKILL');
         await spinnerExit;
+        // The kernel flushes a cgroup's memory.stat counters lazily (every 2 s on kernel 7.x):
+        // shortly after the pod starts the file may still say anon 0 and file 0, and Metrics
+        // reports what the file says. Once the file shows memory, Metrics must show it too.
+        const statMemory = (): bigint => {
+          const stat = keyed(path.join(dir, 'memory.stat'));
+          return (stat.get('anon') ?? 0n) + (stat.get('file') ?? 0n);
+        };
+        await waitFor(() => statMemory() > 0n, { what: 'anon or file memory in the sandbox cgroup\'s memory.stat' });
         const { metrics } = await direct.controller.call('Metrics', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
         assert.equal(metrics?.data?.type_url, 'io.containerd.cgroups.v2.Metrics');
         const m = CgroupV2Metrics.decode(metrics?.data?.value ?? Buffer.alloc(0));
