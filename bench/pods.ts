@@ -7,14 +7,14 @@
  * CreateContainer, StartContainer, then the teardown kubelet does), serially and 4 pods at
  * once, pods per second, and the memory of running pods (PSS of every process of the pod:
  * the sandbox process, its supervisor, the container and the runc shim serving the pod or the
- * container's holder, plus the change of tsbox's own PSS and its task front's, and of
- * containerd's, per pod: signed, negative when it shrank).
+ * container's holder, plus the change of tsbox's own PSS and of containerd's, per pod: signed,
+ * negative when it shrank). On the Task API route the pod's supervisor also relays its task
+ * calls; it is counted with the pod (it is not in the pod's cgroup).
  *
  * Then, per handler, SCALE pods (100) are started and held, and the node's memory (every pod's
- * processes, tsbox, its front and containerd) and the descriptors of tsbox and its front are
- * read at each quarter: the per-pod slope of a least-squares line through them, and how
- * straight it is (R²). The pods then go, and come and go once more: what tsbox and its front
- * hold after each time, against before.
+ * processes, tsbox and containerd) and tsbox's descriptors are read at each quarter: the per-pod
+ * slope of a least-squares line through them, and how straight it is (R²). The pods then go,
+ * and come and go once more: what tsbox holds after each time, against before.
  *
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--scale 100] [--json out.json]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
@@ -28,10 +28,11 @@
  * RemovePodSandbox), which also an older tsbox build can do: that compares builds.
  */
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import type { PodSandboxConfig } from '../test/support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
-import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv, taskFrontPid } from '../test/support/pod-env.js';
+import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
 
 const { values } = parseArgs({
   options: {
@@ -146,13 +147,23 @@ function holdersOf(container: string): number[] {
 }
 
 
-/** The processes of a running pod, found from the host: its cgroup tree, its runc shim or its containers' holders. */
+/** A tsbox pod's supervisor, named by the pid file it writes in the sandbox's directory; none for podsandbox. */
+function supervisorOf(env: PodEnv, pod: Pod): number[] {
+  try {
+    const pid = Number(readFileSync(path.join(env.tsbox.stateDir, 'sandboxes', 'k8s.io', pod.id, 'pid'), 'utf8').split(' ')[0]);
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[0]?.endsWith('tsbox-shim') === true ? [pid] : [];
+  } catch {
+    return []; // not a tsbox pod, or gone
+  }
+}
+
+/** The processes of a running pod, found from the host: its cgroup tree, its supervisor, its runc shim or its containers' holders. */
 function podProcesses(env: PodEnv, pod: Pod): number[] {
   const parent = pod.config.linux?.cgroup_parent ?? '';
   const shims = runcShimsOf(env)
     .filter((s) => s.sockets.includes(podShimSocket(env, pod.id)))
     .map((s) => s.pid);
-  return [...new Set([...pidsInCgroup(parent), ...shims, ...(pod.container === '' ? [] : holdersOf(pod.container))])];
+  return [...new Set([...pidsInCgroup(parent), ...supervisorOf(env, pod), ...shims, ...(pod.container === '' ? [] : holdersOf(pod.container))])];
 }
 
 async function settle(): Promise<void> {
@@ -162,7 +173,7 @@ async function settle(): Promise<void> {
 interface MemoryFigures {
   /** PSS of the pod's own processes, per pod. */
   readonly podProcessesKiB: number;
-  /** Change of tsbox's PSS and its task front's, per pod, negative when it shrank (0 for podsandbox). */
+  /** Change of tsbox's PSS, per pod, negative when it shrank (0 for podsandbox). */
   readonly tsboxKiB: number;
   /** Change of containerd's PSS, per pod, negative when it shrank. */
   readonly containerdKiB: number;
@@ -173,9 +184,8 @@ interface MemoryFigures {
 async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigures> {
   const tsboxPid = env.tsbox.pid ?? 0;
   const containerdPid = env.containerd.pid ?? 0;
-  const front = taskFrontPid(env);
   await settle();
-  const before = { tsbox: pssKiB(tsboxPid) + pssKiB(front), containerd: pssKiB(containerdPid) };
+  const before = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
   const pods: Pod[] = [];
   for (let i = 0; i < MEMORY_PODS; i++) pods.push(await startPod(env, handler, `mem-${handler}-${i}`));
   await settle();
@@ -186,7 +196,7 @@ async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigur
     processes += pids.length;
     for (const pid of pids) podKiB += pssKiB(pid);
   }
-  const after = { tsbox: pssKiB(tsboxPid) + pssKiB(front), containerd: pssKiB(containerdPid) };
+  const after = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
   for (const pod of pods) await removePod(env, pod);
   // Signed: a daemon that shrank while the pods ran (a collection, pages returned) shows as such.
   const tsboxKiB = handler === RUNC_HANDLER ? 0 : (after.tsbox - before.tsbox) / MEMORY_PODS;
@@ -222,16 +232,16 @@ function fit(points: readonly (readonly [number, number])[]): { slope: number; r
 }
 
 interface ScaleFigures {
-  /** Node memory (KiB) and tsbox's + front's descriptors against pods held. */
+  /** Node memory (KiB) and tsbox's descriptors against pods held. */
   readonly memory: [number, number][];
   readonly fds: [number, number][];
-  /** tsbox's + front's PSS (KiB) and descriptors: before, after the pods went, after a second come-and-go. */
+  /** tsbox's PSS (KiB) and descriptors: before, after the pods went, after a second come-and-go. */
   readonly daemon: { pssKiB: number; fds: number }[];
 }
 
 /** Every process that grows with a handler's pods, and the daemons, in KiB of PSS. */
 function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
-  const pids = new Set<number>([env.tsbox.pid ?? 0, taskFrontPid(env), env.containerd.pid ?? 0]);
+  const pids = new Set<number>([env.tsbox.pid ?? 0, env.containerd.pid ?? 0]);
   for (const pod of pods) for (const pid of podProcesses(env, pod)) pids.add(pid);
   let kib = 0;
   for (const pid of pids) if (pid > 0) kib += pssKiB(pid);
@@ -240,8 +250,8 @@ function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
 
 async function measureScale(env: PodEnv, handler: Handler): Promise<ScaleFigures> {
   const daemonNow = (): { pssKiB: number; fds: number } => ({
-    pssKiB: pssKiB(env.tsbox.pid ?? 0) + pssKiB(taskFrontPid(env)),
-    fds: fdCount(env.tsbox.pid ?? 0) + fdCount(taskFrontPid(env)),
+    pssKiB: pssKiB(env.tsbox.pid ?? 0),
+    fds: fdCount(env.tsbox.pid ?? 0),
   });
   const figures: ScaleFigures = { memory: [], fds: [], daemon: [] };
   await settle();
@@ -355,7 +365,7 @@ async function main(): Promise<void> {
   for (const [key, label] of [
     ['totalKiB', `memory per running pod (${SANDBOX_ONLY ? 'no container' : '1 container'}), KiB`],
     ['podProcessesKiB', '  of which the pod\'s processes (PSS), KiB'],
-    ['tsboxKiB', '  of which tsbox\'s and its task front\'s growth, KiB'],
+    ['tsboxKiB', '  of which tsbox\'s growth, KiB'],
     ['containerdKiB', '  of which containerd\'s growth, KiB'],
     ['processesPerPod', 'processes per pod (shim, sandbox, container…)'],
   ] as const) {
@@ -380,7 +390,7 @@ async function main(): Promise<void> {
       return `${slope.toFixed(1)} (R² ${r2.toFixed(3)})`;
     };
     scaleRows.push([`node memory per pod held, slope over ${SCALE_PODS} pods, KiB`, ...order.map((h) => cell(h, (x) => line(x.memory)))]);
-    scaleRows.push([`tsbox's and its front's descriptors per pod held, slope`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => line(x.fds))))]);
+    scaleRows.push([`tsbox's descriptors per pod held, slope`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => line(x.fds))))]);
     const change = (x: ScaleFigures, i: number, k: 'pssKiB' | 'fds'): string => {
       const a = x.daemon[0];
       const b = x.daemon[i];
@@ -390,8 +400,8 @@ async function main(): Promise<void> {
       [1, `after the ${SCALE_PODS} pods went`],
       [2, `after they came and went once more`],
     ] as const) {
-      scaleRows.push([`tsbox + front PSS ${when2}, KiB against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'pssKiB'))))]);
-      scaleRows.push([`tsbox + front descriptors ${when2}, against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'fds'))))]);
+      scaleRows.push([`tsbox PSS ${when2}, KiB against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'pssKiB'))))]);
+      scaleRows.push([`tsbox descriptors ${when2}, against before`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => change(x, i, 'fds'))))]);
     }
     const scaleHeader = ['figure', 'podsandbox (runc)', 'tsbox, shim route', 'tsbox, Task API route'];
     const scaleTable = [scaleHeader, scaleHeader.map(() => '---'), ...scaleRows].map((r) => `| ${r.join(' | ')} |`).join('\n');

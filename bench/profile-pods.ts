@@ -4,7 +4,7 @@
  * of what tsbox logged for the container (rootfs mount, runc create through the holder, runc
  * start; at Delete, the container's deletion from runc and the rootfs unmount) and of each Task API call as tsbox's ttrpc server saw it;
  * then the CPU a pod cost (user + system time from /proc, per pod, warm-up left out): tsbox,
- * its front, containerd and the whole machine, for the pods' start and for their whole life
+ * containerd and the whole machine, for the pods' start and for their whole life
  * (four pods at once keep this machine's cores busy, so pods per second follows it). tsbox at
  * debug pays for its log lines. Information, not a test.
  *
@@ -15,7 +15,7 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
-import { TSBOX_TASK_HANDLER, startPodEnv, taskFrontPid } from '../test/support/pod-env.js';
+import { TSBOX_TASK_HANDLER, startPodEnv } from '../test/support/pod-env.js';
 
 const { values } = parseArgs({ options: { pods: { type: 'string', default: '20' }, handler: { type: 'string', default: TSBOX_TASK_HANDLER }, 'run-on-disk': { type: 'boolean', default: false } } });
 const PODS = Number(values.pods);
@@ -45,7 +45,7 @@ async function main(): Promise<void> {
   const env = await startPodEnv({ tsboxLogLevel: 'debug', containerdLogLevel: 'warn', runOnTmpfs: values['run-on-disk'] !== true });
   const steps: Record<string, number[]> = {};
   const add = (k: string, v: number): void => void (steps[k] ??= []).push(v);
-  const cpuNow = (): Record<string, number> => ({ tsbox: cpuMs(env.tsbox.pid ?? 0), front: cpuMs(taskFrontPid(env)), containerd: cpuMs(env.containerd.pid ?? 0), machine: machineBusyMs() });
+  const cpuNow = (): Record<string, number> => ({ tsbox: cpuMs(env.tsbox.pid ?? 0), containerd: cpuMs(env.containerd.pid ?? 0), machine: machineBusyMs() });
   const cpu: Record<string, number> = {};
   const addCpu = (phase: string, from: Record<string, number>, to: Record<string, number>): void => {
     for (const [k, v] of Object.entries(to)) cpu[`${phase} ${k}`] = (cpu[`${phase} ${k}`] ?? 0) + v - (from[k] ?? 0);

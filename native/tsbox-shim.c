@@ -1,14 +1,26 @@
 /*
  * tsbox-shim: the per-sandbox supervisor.
  *
- * tsbox starts one shim per sandbox, detached in its own session. The shim
- * joins the sandbox's cgroups and network namespace, unshares the namespaces
- * it is told to (pid, ipc, uts, mount), and forks the sandbox's main process
- * (pid 1 of its pid namespace). It is that process's parent for its whole life, so it
- * alone can read the real exit status: when the process ends it writes
- * "<status> <seconds> <nanoseconds>" to <dir>/exit atomically (temp file,
- * fsync, rename, fsync of the directory), touches the notify file, and exits.
- * That is what lets an exit code survive a restart or a crash of tsbox.
+ * tsbox starts one shim per sandbox, detached in its own session. The shim forks the
+ * sandbox's main process, which joins the sandbox's cgroups and network namespace and unshares
+ * the namespaces it is told to (pid, ipc, uts, mount) on its side of the fork: the shim itself
+ * stays in the host's namespaces and, with --home, leaves the pod's cgroup, so that it can run
+ * what needs the host's mounts and can outlive the sandbox process. With a pid namespace that
+ * child forks once more, the real sandbox process being pid 1 of the new namespace: the shim
+ * is a child subreaper, so the sandbox process is its child for its whole life, and it alone
+ * can read the real exit status. When the process ends the shim writes
+ * "<status> <seconds> <nanoseconds>" to <dir>/exit atomically (temp file, fsync, rename, fsync
+ * of the directory) and touches the notify file. That is what lets an exit code survive a
+ * restart or a crash of tsbox.
+ *
+ * Without --task-socket the shim then exits. With it (relay mode) the shim is also the pod's
+ * relay (relay.c): it owns the pod's task socket and containerd's connections to it, and relays
+ * their ttrpc calls to tsbox, which connects to --link; the private protocol between the two is
+ * service POD_SERVICE, version POD_PROTOCOL_VERSION (relay.c, src/ttrpc/pod-link.ts). It goes on
+ * serving after the sandbox process has ended (containerd may still call the pod's other tasks)
+ * until tsbox ends it with SIGTERM, which it takes only once the sandbox process has ended: it
+ * then removes its sockets and exits. Before that, SIGTERM is logged and ignored. Its log, JSON
+ * lines, goes to --relay-log (moved to FILE.1 past --relay-log-max-bytes, 1 MiB by default).
  *
  * Protocol with tsbox, on the shim's stdout (a pipe), one line, then EOF:
  *   "ok <shim-pid> <sandbox-pid>\n"  the sandbox process runs (exec succeeded)
@@ -17,9 +29,10 @@
  * answers, so a sandbox that runs always has a record naming it.
  *
  * Usage: tsbox-shim --dir DIR [--notify FILE] [--netns PATH] [--hostname NAME]
- *                   [--cgroup DIR]... [--hold] [--unshare pid,ipc,uts,mnt] [--cwd DIR]
- *                   [--sysctl KEY=VALUE]... [--shm PATH --shm-size BYTES]
- *                   [--log FILE] [-- ARGV...]
+ *                   [--cgroup DIR]... [--home DIR]... [--hold] [--unshare pid,ipc,uts,mnt]
+ *                   [--cwd DIR] [--sysctl KEY=VALUE]... [--shm PATH --shm-size BYTES]
+ *                   [--log FILE] [--task-socket PATH --link PATH [--relay-log FILE]
+ *                   [--relay-log-max-bytes N]] [-- ARGV...]
  * Without ARGV the sandbox process is a built-in pause that sleeps until it is
  * signalled, reaps every orphan the pod's containers leave to it (it is pid 1
  * of the pod's pid namespace), and exits 0 on SIGTERM or SIGINT, as the
@@ -28,18 +41,19 @@
  * written inside the sandbox's namespaces, before its process runs.
  *
  * Every system call is checked: a failure before the sandbox runs is answered as
- * "error <what>: <strerror>" (the call and its target named) and leaves no process behind;
- * the sandbox process reports its own set-up failures to the shim through a pipe. After the
- * answer the shim's exit status says how it ended: 0 exit file written, 2 exit file not
- * written, 3 exit file written but the notify file not.
+ * "error <what>: <strerror>" (the call and its target named) and leaves no process (and, in
+ * relay mode, no socket file) behind; the sandbox process reports its own set-up failures to
+ * the shim through a pipe. After the answer the shim's exit status says how it ended: 0 exit
+ * file written, 2 exit file not written, 3 exit file written but the notify file not.
  *
- * --hold makes the shim wait, before it joins anything or forks, for one byte on its
- * stdin: meanwhile tsbox has systemd move it into the sandbox's scope, so the sandbox
- * process starts there. EOF instead of the byte means the start was given up: exit 1.
+ * --hold makes the shim wait, before it forks, for one byte on its stdin: meanwhile tsbox has
+ * systemd move it into the sandbox's scope, so the sandbox process starts there. EOF instead of
+ * the byte means the start was given up: exit 1. --home names the cgroups (one per hierarchy)
+ * the shim moves itself into once the sandbox process runs, so that only the sandbox stays in
+ * the scope.
  *
- * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before anything is
- * unshared: it must live in the host's mount namespace, where CRI bind-mounts it into
- * containers. Helper modes for tsbox:
+ * --shm mounts the pod's /dev/shm (a tmpfs, mode 1777) at PATH before the fork, in the host's
+ * mount namespace, where CRI bind-mounts it into containers. Helper modes for tsbox:
  *   tsbox-shim umount PATH    detaches whatever is mounted at PATH (at Stop); exit 0 on
  *                             success, else the reason on stderr and exit 1.
  *   tsbox-shim mount TARGET TYPE SOURCE [OPTION...]
@@ -99,6 +113,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -109,23 +124,50 @@
 #include <poll.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "relay.h"
 #include "unmount-tree.h"
 
 #define MAX_CGROUPS 16
 #define MAX_SYSCTLS 128
 
+/* The private protocol between tsbox and a pod's process (src/ttrpc/pod-link.ts). */
+#define POD_SERVICE "tsbox.pod.v1.Pod"
+#define POD_PROTOCOL_VERSION 1
+#define DECIMAL(n) #n
+#define VERSION_TEXT(n) DECIMAL(n)
+/*
+ * The services a client of the task socket may not call: the pod's own, and the one the
+ * node-wide task front of earlier builds spoke, which tsbox still serves on its links.
+ */
+static const char *const private_services[] = {POD_SERVICE, "tsbox.front.v1.Front", NULL};
+
 static const char *dir;
 static char reply[1024];
 /* Where the answer goes: stdout, or a copy of it once stdout is /dev/null. */
 static int reply_fd = STDOUT_FILENO;
-/* The sandbox process once forked: a failure of the shim takes it down too. */
-static pid_t child = 0;
+/*
+ * The processes a failed start takes down: the sandbox process once forked, and with a pid
+ * namespace the child between the two until it has handed over the sandbox and been reaped.
+ */
+static pid_t child = 0, middle = 0;
+/* Relay mode: the sockets are bound, and a failed start removes them. */
+static int relay_bound;
+
+static void take_down(pid_t *pid) {
+  if (*pid <= 0) return;
+  if (kill(*pid, SIGKILL) < 0 && errno != ESRCH) { /* already reported by the message below */ }
+  while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  *pid = 0;
+}
 
 static void fail(const char *fmt, ...) {
   va_list ap;
@@ -133,12 +175,10 @@ static void fail(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
   va_end(ap);
-  if (child > 0) {
-    /* Its own failure or ours: either way it must not outlive the failed start. */
-    if (kill(child, SIGKILL) < 0 && errno != ESRCH) { /* already reported by the message below */ }
-    while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {
-    }
-  }
+  /* Its own failure or ours: either way nothing may outlive the failed start. */
+  take_down(&middle);
+  take_down(&child);
+  if (relay_bound) relay_unlink();
   size_t len = strlen(reply);
   reply[len] = '\n';
   if (write(reply_fd, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
@@ -796,68 +836,358 @@ static int helper_mode(int argc, char **argv) {
   return 2;
 }
 
+/* ---- the sandbox process ---- */
+
+/* What the supervisor is asked to do, from its command line. */
+static struct {
+  const char *notify, *netns, *hostname, *cwd, *logpath, *shm, *shm_size;
+  const char *cgroups[MAX_CGROUPS], *homes[MAX_CGROUPS], *sysctls[MAX_SYSCTLS];
+  int ncgroups, nhomes, nsysctls, unshare_flags, hold;
+  char **cmd;
+  const char *task_socket, *link, *relay_log, *relay_log_max;
+} opt = {.cwd = "/"};
+
+/*
+ * Moves the calling process into the cgroup directory `cgroup`; -1 with errno. On v1 "0" (the
+ * caller) goes to the hierarchy's tasks file: the caller is single-threaded, so its one thread
+ * is the whole process, and a thread that moves itself does not take the kernel's global
+ * threadgroup lock, whose writer side waits for an RCU grace period (several ms on an idle
+ * node, for every pod). v2 has no tasks file outside threaded subtrees: "0" to cgroup.procs.
+ */
+static int join_cgroup(const char *cgroup) {
+  char path[4096];
+  if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", cgroup) >= sizeof path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  snprintf(path, sizeof path, "%s/tasks", cgroup);
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    snprintf(path, sizeof path, "%s/cgroup.procs", cgroup);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+  }
+  if (fd < 0) return -1;
+  if (write_all(fd, "0", 1) < 0) {
+    int saved = errno;
+    (void)close(fd); /* the write already failed; errno says why */
+    errno = saved;
+    return -1;
+  }
+  return close(fd);
+}
+
+/* Closes every descriptor from `from` up except `keep`; -1 with errno. */
+static int close_from(unsigned from, unsigned keep) {
+  if (keep > from && close_range(from, keep - 1, 0) < 0) return -1;
+  return close_range(keep >= from ? keep + 1 : from, ~0u, 0);
+}
+
+/*
+ * The sandbox process, in its namespaces and cgroups: its own process group, private mounts
+ * and its /proc, host name, sysctls, stdio, a clean signal state; then the command, or the
+ * built-in pause. Every failure goes to the supervisor through the error pipe.
+ */
+static void run_sandbox(int logfd) {
+  /* Its own process group, so tsbox can signal all of it. */
+  if (setpgid(0, 0) < 0) child_fail("setpgid: %s", strerror(errno));
+  if (opt.unshare_flags & CLONE_NEWNS) {
+    /* Mounts stay inside the sandbox (a /proc mounted while / is shared would appear on the
+       host); /proc shows the sandbox's own pid namespace. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail("mount / MS_REC|MS_PRIVATE: %s", strerror(errno));
+    if ((opt.unshare_flags & CLONE_NEWPID) && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+      child_fail("mount proc at /proc: %s", strerror(errno));
+  }
+  if ((opt.unshare_flags & CLONE_NEWUTS) && opt.hostname != NULL && sethostname(opt.hostname, strlen(opt.hostname)) < 0)
+    child_fail("set hostname %s: %s", opt.hostname, strerror(errno));
+  for (int i = 0; i < opt.nsysctls; i++) {
+    int e = apply_sysctl(opt.sysctls[i]);
+    if (e != 0) child_fail("set sysctl %s: %s", opt.sysctls[i], strerror(e));
+  }
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0) child_fail("open /dev/null: %s", strerror(errno));
+  int out = logfd >= 0 ? logfd : devnull;
+  const char *out_name = logfd >= 0 ? opt.logpath : "/dev/null";
+  /* dup2 clears close-on-exec on the copies: 0, 1 and 2 survive the exec. */
+  if (dup2(devnull, STDIN_FILENO) < 0) child_fail("dup2 /dev/null to stdin: %s", strerror(errno));
+  if (dup2(out, STDOUT_FILENO) < 0) child_fail("dup2 %s to stdout: %s", out_name, strerror(errno));
+  if (dup2(out, STDERR_FILENO) < 0) child_fail("dup2 %s to stderr: %s", out_name, strerror(errno));
+  sigset_t none;
+  if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) child_fail("sigprocmask: %s", strerror(errno));
+  if (set_signals(detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
+  if (opt.cmd == NULL) {
+    install_pause_handlers();
+    /* No exec closes what the supervisor had open (the pod's sockets among them): the pause
+       keeps only its stdio and, until it runs, the error pipe. */
+    if (close_from(STDERR_FILENO + 1, (unsigned)errpipe_fd) < 0) child_fail("close_range: %s", strerror(errno));
+    /* Nothing to exec: closing the pipe tells the shim the sandbox runs. */
+    if (close(errpipe_fd) < 0) child_fail("close: %s", strerror(errno));
+    pause_forever();
+  }
+  if (chdir(opt.cwd) < 0) child_fail("chdir %s: %s", opt.cwd, strerror(errno));
+  execvp(opt.cmd[0], opt.cmd);
+  child_fail("start %s: %s", opt.cmd[0], strerror(errno));
+}
+
+/*
+ * The child of the supervisor: joins the pod's cgroups and network namespace and unshares the
+ * pod's namespaces, in that order (the cgroup first, so that all it does is counted there).
+ * With a new pid namespace, whose pid 1 must be a child of this one, it forks the sandbox
+ * process, tells the supervisor its pid through `pidpipe`, and exits: the supervisor, a
+ * subreaper, becomes the sandbox's parent. Without one it is the sandbox process itself.
+ */
+static void start_child(int errpipe[2], int pidpipe[2], int logfd) {
+  errpipe_fd = errpipe[1];
+  if (close(errpipe[0]) < 0) child_fail("close: %s", strerror(errno));
+  if (pidpipe[0] >= 0 && close(pidpipe[0]) < 0) child_fail("close: %s", strerror(errno));
+  for (int i = 0; i < opt.ncgroups; i++)
+    if (join_cgroup(opt.cgroups[i]) < 0) child_fail("join cgroup %s: %s", opt.cgroups[i], strerror(errno));
+  if (opt.netns != NULL) {
+    /* Non-blocking, and checked before setns: a FIFO or device named by a caller
+       must fail the start, never hang it. */
+    int fd = open(opt.netns, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) child_fail("open network namespace %s: %s", opt.netns, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) child_fail("stat network namespace %s: %s", opt.netns, strerror(errno));
+    if (!S_ISREG(st.st_mode)) child_fail("%s is not a network namespace", opt.netns);
+    if (setns(fd, CLONE_NEWNET) < 0) child_fail("join network namespace %s: %s", opt.netns, strerror(errno));
+    if (close(fd) < 0) child_fail("close network namespace %s: %s", opt.netns, strerror(errno));
+  }
+  if (opt.unshare_flags != 0 && unshare(opt.unshare_flags) < 0) child_fail("unshare namespaces: %s", strerror(errno));
+  if (!(opt.unshare_flags & CLONE_NEWPID)) run_sandbox(logfd);
+  pid_t sandbox = fork();
+  if (sandbox < 0) child_fail("fork the sandbox process: %s", strerror(errno));
+  if (sandbox == 0) {
+    if (close(pidpipe[1]) < 0) child_fail("close: %s", strerror(errno));
+    run_sandbox(logfd);
+  }
+  if (write_all(pidpipe[1], (const char *)&sandbox, sizeof sandbox) < 0) {
+    int e = errno;
+    /* The supervisor cannot learn which process to wait for: the sandbox must not run. */
+    if (kill(sandbox, SIGKILL) < 0) child_fail("tell the sandbox process's pid: %s; then kill it: %s", strerror(e), strerror(errno));
+    child_fail("tell the sandbox process's pid: %s", strerror(e));
+  }
+  _exit(0);
+}
+
+/* ---- the sandbox's end ---- */
+
+/*
+ * The sandbox process has ended, or is about to: takes the time of its exit while it is still a
+ * zombie (WNOWAIT), never later than the moment it is gone from /proc; reaps it; writes the
+ * exit file durably and touches the notice. Returns the shim's exit status: 0, 2 when the exit
+ * file could not be written, 3 when the notice could not be touched.
+ */
+static int record_exit(pid_t sandbox) {
+  siginfo_t exited;
+  int w;
+  do w = waitid(P_PID, (id_t)sandbox, &exited, WEXITED | WNOWAIT);
+  while (w < 0 && errno == EINTR);
+  /* waitid cannot fail for our own child: if it did, the time is taken after the reap. A
+     failed clock (it cannot fail either) leaves the epoch. */
+  struct timespec now = {0, 0};
+  if (w == 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
+  int status;
+  pid_t r;
+  do r = waitpid(sandbox, &status, 0);
+  while (r < 0 && errno == EINTR);
+  if (w < 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
+  int code = 255;
+  if (r == sandbox && WIFEXITED(status)) code = WEXITSTATUS(status);
+  else if (r == sandbox && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+
+  char exitline[96], path[PATH_MAX];
+  snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
+  snprintf(path, sizeof path, "%s/exit", dir);
+  /* Durable: after a reboot it is the only record of how the sandbox ended. */
+  if (write_file_atomic("exit", exitline, 1) < 0) {
+    relay_log_errno(RELAY_ERROR, "cannot write the sandbox's exit file", errno, "write", path);
+    return 2;
+  }
+  relay_log(RELAY_INFO, "sandbox process exited; its exit file is written", "status", code);
+  if (opt.notify != NULL) {
+    int fd = open(opt.notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || close(fd) < 0) {
+      /* tsbox's poll of the supervisor finds the exit */
+      relay_log_errno(RELAY_WARN, "cannot touch the exit notice", errno, fd < 0 ? "open" : "close", opt.notify);
+      return 3;
+    }
+  }
+  return 0;
+}
+
+/* ---- relay mode ---- */
+
+/* The sandbox process while it runs; 0 once its end is recorded. */
+static pid_t sandbox_pid;
+/* The shim's exit status once the sandbox's end is recorded (record_exit); -1 before. */
+static int ended_status = -1;
+static int signals_fd = -1;
+
+/* Reaps every child that has ended: the sandbox with its exit recorded, orphans silently. */
+static void reap_children(void) {
+  for (;;) {
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+      if (errno == EINTR) continue;
+      if (errno != ECHILD) relay_log_errno(RELAY_ERROR, "cannot wait for the pod's processes", errno, "waitid", NULL);
+      return;
+    }
+    if (si.si_pid == 0) return;
+    if (si.si_pid == sandbox_pid) {
+      ended_status = record_exit(sandbox_pid);
+      sandbox_pid = 0;
+      continue;
+    }
+    /* A process orphaned in the pod that the subreaper inherited: nobody waits for its status. */
+    pid_t r;
+    do r = waitpid(si.si_pid, NULL, 0);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) {
+      relay_log_errno(RELAY_ERROR, "cannot reap an orphaned process", errno, "waitpid", NULL);
+      return;
+    }
+  }
+}
+
+/* SIGCHLD and SIGTERM, read from the signalfd by the relay's loop. */
+static void on_signals(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct signalfd_siginfo si;
+    ssize_t n = read(signals_fd, &si, sizeof si);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN) relay_log_errno(RELAY_ERROR, "cannot read the signals", errno, "read", "signalfd");
+    if (n != (ssize_t)sizeof si) return;
+    /* A sandbox that has just ended is recorded before a SIGTERM is judged. */
+    reap_children();
+    if (si.ssi_signo != SIGTERM) continue;
+    if (ended_status < 0) {
+      relay_log(RELAY_INFO, "SIGTERM ignored: the sandbox process runs", "sandboxPid", sandbox_pid);
+      continue;
+    }
+    relay_log(RELAY_INFO, "SIGTERM: the pod's process ends; its sockets are removed", NULL, 0);
+    relay_unlink();
+    relay_stop(ended_status);
+    return;
+  }
+}
+
+/*
+ * Serves the pod's task socket for as long as tsbox wants it, and records the sandbox's end
+ * when it comes. Returns the shim's exit status.
+ */
+static int run_relay(pid_t sandbox) {
+  sandbox_pid = sandbox;
+  /* Room for every connection it admits (as Node allows itself the hard limit); after the fork,
+     so that the sandbox process keeps the limit it was given. */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+    relay_log_errno(RELAY_WARN, "cannot raise the limit on descriptors", errno, "getrlimit", "RLIMIT_NOFILE");
+  } else if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) relay_log_errno(RELAY_WARN, "cannot raise the limit on descriptors", errno, "setrlimit", "RLIMIT_NOFILE");
+  }
+  /* Buffers of 128 KiB and more (frames on their way, answers queued) are mapped and given
+     back whole when freed: glibc's moving threshold would otherwise keep what an attack made
+     the relay hold in its heap for good. */
+  if (mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 0) relay_log_errno(RELAY_WARN, "cannot set the heap's mapping threshold", EINVAL, "mallopt", "M_MMAP_THRESHOLD");
+  /* A sandbox that ended before the signalfd was watched. */
+  reap_children();
+  int rc = relay_run();
+  if (rc >= 0) return rc;
+  /* The loop cannot wait any more: nobody serves the sockets, and the exit is still owed. */
+  relay_unlink();
+  if (sandbox_pid > 0) return record_exit(sandbox_pid);
+  return ended_status;
+}
+
+/* ---- the supervisor ---- */
+
 int main(int argc, char **argv) {
   if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
-  const char *notify = NULL, *netns = NULL, *hostname = NULL, *cwd = "/", *logpath = NULL;
-  const char *shm = NULL, *shm_size = NULL;
-  const char *cgroups[MAX_CGROUPS];
-  const char *sysctls[MAX_SYSCTLS];
-  int ncgroups = 0, nsysctls = 0, unshare_flags = 0, hold = 0;
-  char **cmd = NULL;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--") == 0) {
-      if (i + 1 < argc) cmd = &argv[i + 1];
+      if (i + 1 < argc) opt.cmd = &argv[i + 1];
       break;
     } else if (strcmp(a, "--hold") == 0) {
-      hold = 1;
+      opt.hold = 1;
     } else if (v == NULL) {
       fail("option %s needs a value", a);
     } else if (strcmp(a, "--dir") == 0) {
       dir = v, i++;
     } else if (strcmp(a, "--notify") == 0) {
-      notify = v, i++;
+      opt.notify = v, i++;
     } else if (strcmp(a, "--netns") == 0) {
-      netns = v, i++;
+      opt.netns = v, i++;
     } else if (strcmp(a, "--hostname") == 0) {
-      hostname = v, i++;
+      opt.hostname = v, i++;
     } else if (strcmp(a, "--cwd") == 0) {
-      cwd = v, i++;
+      opt.cwd = v, i++;
     } else if (strcmp(a, "--log") == 0) {
-      logpath = v, i++;
+      opt.logpath = v, i++;
     } else if (strcmp(a, "--unshare") == 0) {
       char list[64];
       snprintf(list, sizeof list, "%s", v);
       for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        if (strcmp(tok, "pid") == 0) unshare_flags |= CLONE_NEWPID;
-        else if (strcmp(tok, "ipc") == 0) unshare_flags |= CLONE_NEWIPC;
-        else if (strcmp(tok, "uts") == 0) unshare_flags |= CLONE_NEWUTS;
-        else if (strcmp(tok, "mnt") == 0) unshare_flags |= CLONE_NEWNS;
+        if (strcmp(tok, "pid") == 0) opt.unshare_flags |= CLONE_NEWPID;
+        else if (strcmp(tok, "ipc") == 0) opt.unshare_flags |= CLONE_NEWIPC;
+        else if (strcmp(tok, "uts") == 0) opt.unshare_flags |= CLONE_NEWUTS;
+        else if (strcmp(tok, "mnt") == 0) opt.unshare_flags |= CLONE_NEWNS;
         else fail("unknown namespace %s in --unshare", tok);
       }
       i++;
     } else if (strcmp(a, "--shm") == 0) {
-      shm = v, i++;
+      opt.shm = v, i++;
     } else if (strcmp(a, "--shm-size") == 0) {
-      shm_size = v, i++;
+      opt.shm_size = v, i++;
     } else if (strcmp(a, "--sysctl") == 0) {
-      if (nsysctls == MAX_SYSCTLS) fail("too many --sysctl options");
-      sysctls[nsysctls++] = v, i++;
+      if (opt.nsysctls == MAX_SYSCTLS) fail("too many --sysctl options");
+      opt.sysctls[opt.nsysctls++] = v, i++;
     } else if (strcmp(a, "--cgroup") == 0) {
-      if (ncgroups == MAX_CGROUPS) fail("too many --cgroup options");
-      cgroups[ncgroups++] = v, i++;
+      if (opt.ncgroups == MAX_CGROUPS) fail("too many --cgroup options");
+      opt.cgroups[opt.ncgroups++] = v, i++;
+    } else if (strcmp(a, "--home") == 0) {
+      if (opt.nhomes == MAX_CGROUPS) fail("too many --home options");
+      opt.homes[opt.nhomes++] = v, i++;
+    } else if (strcmp(a, "--task-socket") == 0) {
+      opt.task_socket = v, i++;
+    } else if (strcmp(a, "--link") == 0) {
+      opt.link = v, i++;
+    } else if (strcmp(a, "--relay-log") == 0) {
+      opt.relay_log = v, i++;
+    } else if (strcmp(a, "--relay-log-max-bytes") == 0) {
+      opt.relay_log_max = v, i++;
     } else {
       fail("unknown option %s", a);
     }
   }
   if (dir == NULL) fail("--dir is required");
+  int relay_mode = opt.task_socket != NULL || opt.link != NULL;
+  if (relay_mode && (opt.task_socket == NULL || opt.link == NULL)) fail("--task-socket and --link go together");
+  if (!relay_mode && (opt.relay_log != NULL || opt.relay_log_max != NULL)) fail("--relay-log and --relay-log-max-bytes need --task-socket and --link");
+  unsigned long long relay_log_max = 0;
+  if (opt.relay_log_max != NULL) {
+    char *end;
+    errno = 0;
+    relay_log_max = strtoull(opt.relay_log_max, &end, 10);
+    if (errno != 0 || end == opt.relay_log_max || *end != '\0' || opt.relay_log_max[0] == '-' || relay_log_max < RELAY_LOG_MIN_BYTES)
+      fail("--relay-log-max-bytes must be a whole number of bytes, at least %llu", RELAY_LOG_MIN_BYTES);
+  }
+  unsigned long long shm_bytes = 0;
+  if (opt.shm != NULL) {
+    char *end;
+    shm_bytes = opt.shm_size == NULL ? 0 : strtoull(opt.shm_size, &end, 10);
+    if (opt.shm_size == NULL || *end != '\0' || shm_bytes == 0) fail("--shm needs --shm-size BYTES");
+  }
 
   /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
   if (set_signals(detached_signals, SIG_IGN) < 0) fail("signal: %s", strerror(errno));
   if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
-  if (hold) {
+  if (opt.hold) {
     char go;
     ssize_t n;
     do n = read(STDIN_FILENO, &go, 1);
@@ -865,102 +1195,79 @@ int main(int argc, char **argv) {
     if (n < 0) fail("read the go-ahead on stdin: %s", strerror(errno));
     if (n == 0) fail("the start was given up before the go-ahead");
   }
+  /* In the host's mount namespace, which the shim never leaves. */
+  if (opt.shm != NULL && mount_shm(opt.shm, shm_bytes) < 0) fail("mount tmpfs at %s: %s", opt.shm, strerror(errno));
 
-  /*
-   * Joining a cgroup. On v1 the supervisor writes "0" (itself) to the hierarchy's tasks file:
-   * it is single-threaded, so its one thread is the whole process, and a thread that moves
-   * itself does not take the kernel's global threadgroup lock, whose writer side waits for an
-   * RCU grace period (several ms on an idle node, for every pod). v2 has no tasks file outside
-   * threaded subtrees: cgroup.procs with the pid.
-   */
-  char pidbuf[32];
-  snprintf(pidbuf, sizeof pidbuf, "%d", (int)getpid());
-  for (int i = 0; i < ncgroups; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tasks", cgroups[i]);
-    const char *what = "0";
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) {
-      snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
-      what = pidbuf;
-      fd = open(path, O_WRONLY | O_CLOEXEC);
-    }
-    if (fd < 0 || write_all(fd, what, strlen(what)) < 0 || close(fd) < 0) fail("join cgroup %s: %s", cgroups[i], strerror(errno));
+  /* The relay keeps pointing at these for its whole life. */
+  static struct relay_options relay;
+  if (relay_mode) {
+    relay = (struct relay_options){
+        .task_socket = opt.task_socket,
+        .link_socket = opt.link,
+        .log_path = opt.relay_log,
+        .log_max_bytes = relay_log_max,
+        .services = private_services,
+        .hello = VERSION_TEXT(POD_PROTOCOL_VERSION),
+    };
+    char why[PATH_MAX + 128];
+    if (relay_listen(&relay, why, sizeof why) < 0) fail("%s", why);
+    relay_bound = 1;
+    /* Blocked before the fork, so that no SIGCHLD is lost before the signalfd reads them; the
+       sandbox process clears its mask before it runs. */
+    sigset_t mask;
+    if (sigemptyset(&mask) < 0 || sigaddset(&mask, SIGCHLD) < 0 || sigaddset(&mask, SIGTERM) < 0 || sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+      fail("sigprocmask SIGCHLD|SIGTERM: %s", strerror(errno));
+    signals_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (signals_fd < 0) fail("signalfd SIGCHLD|SIGTERM: %s", strerror(errno));
+    if (relay_watch(signals_fd, on_signals, NULL) < 0) fail("epoll_ctl signalfd: %s", strerror(errno));
   }
-  if (shm != NULL) {
-    char *end;
-    unsigned long long bytes = shm_size == NULL ? 0 : strtoull(shm_size, &end, 10);
-    if (shm_size == NULL || *end != '\0' || bytes == 0) fail("--shm needs --shm-size BYTES");
-    if (mount_shm(shm, bytes) < 0) fail("mount tmpfs at %s: %s", shm, strerror(errno));
-  }
-  if (netns != NULL) {
-    /* Non-blocking, and checked before setns: a FIFO or device named by a caller
-       must fail the start, never hang it. */
-    int fd = open(netns, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) fail("open network namespace %s: %s", netns, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) fail("stat network namespace %s: %s", netns, strerror(errno));
-    if (!S_ISREG(st.st_mode)) fail("%s is not a network namespace", netns);
-    if (setns(fd, CLONE_NEWNET) < 0) fail("join network namespace %s: %s", netns, strerror(errno));
-    if (close(fd) < 0) fail("close network namespace %s: %s", netns, strerror(errno));
-  }
-  if (unshare_flags != 0 && unshare(unshare_flags) < 0)
-    fail("unshare namespaces: %s", strerror(errno));
+  /* The sandbox process of a new pid namespace is a grandchild: it must come back to the shim
+     when the child between them exits. So must orphans of the pod's, which the relay reaps. */
+  if (((opt.unshare_flags & CLONE_NEWPID) || relay_mode) && prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+    fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
 
-  int errpipe[2];
+  int errpipe[2], pidpipe[2] = {-1, -1};
   if (pipe2(errpipe, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
+  if ((opt.unshare_flags & CLONE_NEWPID) && pipe2(pidpipe, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
   int logfd = -1;
-  if (logpath != NULL) {
-    logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (logfd < 0) fail("open log %s: %s", logpath, strerror(errno));
+  if (opt.logpath != NULL) {
+    logfd = open(opt.logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) fail("open log %s: %s", opt.logpath, strerror(errno));
   }
 
-  child = fork();
-  if (child < 0) {
-    child = 0;
-    fail("fork: %s", strerror(errno));
-  }
-  if (child == 0) {
-    /* The sandbox process: every failure below goes to the shim through the pipe. */
-    errpipe_fd = errpipe[1];
-    if (close(errpipe[0]) < 0) child_fail("close: %s", strerror(errno));
-    /* Its own process group, so tsbox can signal all of it. */
-    if (setpgid(0, 0) < 0) child_fail("setpgid: %s", strerror(errno));
-    if (unshare_flags & CLONE_NEWNS) {
-      /* Mounts stay inside the sandbox (a /proc mounted while / is shared would appear on the
-         host); /proc shows the sandbox's own pid namespace. */
-      if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail("mount / MS_REC|MS_PRIVATE: %s", strerror(errno));
-      if ((unshare_flags & CLONE_NEWPID) && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-        child_fail("mount proc at /proc: %s", strerror(errno));
-    }
-    if ((unshare_flags & CLONE_NEWUTS) && hostname != NULL && sethostname(hostname, strlen(hostname)) < 0)
-      child_fail("set hostname %s: %s", hostname, strerror(errno));
-    for (int i = 0; i < nsysctls; i++) {
-      int e = apply_sysctl(sysctls[i]);
-      if (e != 0) child_fail("set sysctl %s: %s", sysctls[i], strerror(e));
-    }
-    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull < 0) child_fail("open /dev/null: %s", strerror(errno));
-    int out = logfd >= 0 ? logfd : devnull;
-    /* dup2 clears close-on-exec on the copies: 0, 1 and 2 survive the exec. */
-    if (dup2(devnull, STDIN_FILENO) < 0) child_fail("dup2 /dev/null to stdin: %s", strerror(errno));
-    if (dup2(out, STDOUT_FILENO) < 0) child_fail("dup2 %s to stdout: %s", logfd >= 0 ? logpath : "/dev/null", strerror(errno));
-    if (dup2(out, STDERR_FILENO) < 0) child_fail("dup2 %s to stderr: %s", logfd >= 0 ? logpath : "/dev/null", strerror(errno));
-    sigset_t none;
-    if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) child_fail("sigprocmask: %s", strerror(errno));
-    if (set_signals(detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
-    if (cmd == NULL) {
-      install_pause_handlers();
-      /* Nothing to exec: closing the pipe tells the shim the sandbox runs. */
-      if (close(errpipe[1]) < 0) child_fail("close: %s", strerror(errno));
-      pause_forever();
-    }
-    if (chdir(cwd) < 0) child_fail("chdir %s: %s", cwd, strerror(errno));
-    execvp(cmd[0], cmd);
-    child_fail("start %s: %s", cmd[0], strerror(errno));
-  }
+  pid_t forked = fork();
+  if (forked < 0) fail("fork: %s", strerror(errno));
+  if (forked == 0) start_child(errpipe, pidpipe, logfd);
+  if (opt.unshare_flags & CLONE_NEWPID) middle = forked;
+  else child = forked;
   if (close(errpipe[1]) < 0) fail("close: %s", strerror(errno));
-  if (logfd >= 0 && close(logfd) < 0) fail("close log %s: %s", logpath, strerror(errno));
+  if (pidpipe[1] >= 0 && close(pidpipe[1]) < 0) fail("close: %s", strerror(errno));
+  if (logfd >= 0 && close(logfd) < 0) fail("close log %s: %s", opt.logpath, strerror(errno));
+
+  if (middle > 0) {
+    /* The sandbox process's pid, or nothing when the child failed before it forked it. */
+    pid_t sandbox = 0;
+    size_t got = 0;
+    while (got < sizeof sandbox) {
+      ssize_t n = read(pidpipe[0], (char *)&sandbox + got, sizeof sandbox - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("read the sandbox process's pid: %s", strerror(errno));
+      if (n == 0) break;
+      got += (size_t)n;
+    }
+    if (close(pidpipe[0]) < 0) fail("close: %s", strerror(errno));
+    if (got == sizeof sandbox) child = sandbox;
+    /* Reaped: from here the sandbox process is the shim's child (the shim is a subreaper). */
+    int status;
+    pid_t r;
+    do r = waitpid(middle, &status, 0);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) fail("waitpid %d: %s", (int)middle, strerror(errno));
+    middle = 0;
+    if (got != sizeof sandbox && !(WIFEXITED(status) && WEXITSTATUS(status) == 127))
+      fail("the child that starts the sandbox process ended (%s %d) before it told its pid", WIFSIGNALED(status) ? "signal" : "status",
+           WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+  }
 
   char msg[1024];
   ssize_t n;
@@ -972,6 +1279,9 @@ int main(int argc, char **argv) {
     fail("%s", msg);
   }
   if (close(errpipe[0]) < 0) fail("close: %s", strerror(errno));
+  /* The sandbox process runs: the shim leaves the pod's cgroup for its own. */
+  for (int i = 0; i < opt.nhomes; i++)
+    if (join_cgroup(opt.homes[i]) < 0) fail("join home cgroup %s: %s", opt.homes[i], strerror(errno));
 
   /* From here the shim's own stdio is /dev/null; the answer goes to a copy of stdout. */
   reply_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
@@ -996,35 +1306,10 @@ int main(int argc, char **argv) {
   /* The sandbox runs: from here a failure is the exit status's to tell, not the answer's. */
   pid_t sandbox = child;
   child = 0;
+  relay_bound = 0;
   if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
   if (close(reply_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
 
-  /* The exit time is taken while the child is still a zombie (WNOWAIT), before it is reaped:
-     it is never later than the moment the process is gone from /proc. */
-  siginfo_t exited;
-  int w;
-  do w = waitid(P_PID, (id_t)sandbox, &exited, WEXITED | WNOWAIT);
-  while (w < 0 && errno == EINTR);
-  /* waitid cannot fail for our own child: if it did, the time is taken after the reap. A
-     failed clock (it cannot fail either) leaves the epoch. */
-  struct timespec now = {0, 0};
-  if (w == 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
-  int status;
-  pid_t r;
-  do r = waitpid(sandbox, &status, 0);
-  while (r < 0 && errno == EINTR);
-  if (w < 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
-  int code = 255;
-  if (r == sandbox && WIFEXITED(status)) code = WEXITSTATUS(status);
-  else if (r == sandbox && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
-
-  char exitline[96];
-  snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
-  /* Durable: after a reboot it is the only record of how the sandbox ended. */
-  if (write_file_atomic("exit", exitline, 1) < 0) return 2;
-  if (notify != NULL) {
-    int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0 || close(fd) < 0) return 3; /* tsbox's poll of the supervisor finds the exit */
-  }
-  return 0;
+  if (relay_mode) return run_relay(sandbox);
+  return record_exit(sandbox);
 }

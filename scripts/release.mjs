@@ -5,7 +5,6 @@
 //     dist/src/…           the compiled program
 //     dist/bin/tsbox-shim  the per-sandbox supervisor
 //     dist/bin/tsbox-ctr   the per-container holder of the Task API route
-//     dist/bin/tsbox-front the task front of the Task API route
 //     node_modules/…       production dependencies only
 //     package.json, README.md, VERSION
 // Needs nothing on the node but libc (Node links only glibc's libraries). Options:
@@ -25,7 +24,7 @@ const name = `tsbox-${pkg.version}`;
 const stage = join(out, 'stage');
 const top = join(stage, name);
 
-for (const required of ['dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsbox-ctr', 'dist/bin/tsbox-front']) {
+for (const required of ['dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsbox-ctr']) {
   if (!existsSync(join(root, required))) {
     console.error(`release: ${required} is missing: run "npm run build" first (npm run release does)`);
     process.exit(1);

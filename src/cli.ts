@@ -61,7 +61,6 @@ function addDaemonOptions(cmd: Program): Program {
     .option('--config <file>', `TOML config file (default ${DEFAULT_CONFIG_FILE} if it exists)`)
     .option('--socket <path>', 'unix socket tsbox serves (root: /run/tsbox/tsbox.sock)')
     .option('--socket-mode <mode>', 'socket permissions, octal (0660)')
-    .option('--task-socket <path>', "unix socket where tsbox serves containerd's Task API v3 for --task-api-handlers (task.sock beside --socket; root: /run/tsbox/task.sock)")
     .option('--task-api-handlers <names>', "CRI runtime handlers whose pods' containers tsbox runs itself, without a runc shim per pod (comma-separated; *: every handler of tsbox in containerd's config whose runtime_type is runc's; '': none) (*)")
     .option('--state-dir <dir>', 'state directory (root: /var/lib/tsbox)')
     .option('--log-level <level>', 'fatal|error|warn|info|debug|trace|silent (info)')
@@ -85,7 +84,6 @@ function addDaemonOptions(cmd: Program): Program {
 const DAEMON_KEYS = [
   'socket',
   'socketMode',
-  'taskSocket',
   'taskApiHandlers',
   'stateDir',
   'logLevel',

@@ -23,7 +23,6 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
   return {
     socket: root ? '/run/tsbox/tsbox.sock' : join(runtimeDir, 'tsbox', 'tsbox.sock'),
     socketMode: 0o660,
-    taskSocket: root ? '/run/tsbox/task.sock' : join(runtimeDir, 'tsbox', 'task.sock'),
     taskApiHandlers: ['*'],
     stateDir: root ? '/var/lib/tsbox' : join(stateHome, 'tsbox'),
     logLevel: 'info',
@@ -84,11 +83,11 @@ const schema = z
     /** Permission bits of the socket. */
     socketMode: mode,
     /**
-     * Where tsbox serves containerd's Task API v3 (ttrpc) for the containers of pods on the
-     * handlers in taskApiHandlers; containerd is told `ttrpc+unix://<this>`, version 3.
-     * Unless set, `task.sock` in the socket's directory.
+     * No longer used: each pod on the Task API route has a task socket of its own, owned by the
+     * pod's process, below the state dir (`s/`). Accepted so that a config written for an
+     * earlier build still starts; tsbox says once that it is ignored.
      */
-    taskSocket: absolutePath,
+    taskSocket: absolutePath.optional(),
     /**
      * CRI runtime handlers whose pods' containers tsbox runs itself (Task API v3: no runc shim
      * per pod). `*` (the default) is every handler containerd's config puts on tsbox whose
@@ -198,14 +197,9 @@ export function resolveConfig(file: ConfigInput, flags: ConfigInput, base: Confi
   const { crashAt: flagCrash, ...fromFlags } = flags;
   if (fileCrash !== undefined || flagCrash !== undefined) problems.push('unknown setting(s): crash_at');
   const merged: Record<string, unknown> = { ...base, ...fromFile, ...fromFlags };
-  for (const key of ['socket', 'taskSocket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
+  for (const key of ['socket', 'stateDir', 'shimPath', 'containerdAddress', 'containerdRoot', 'containerdState', 'containerdConfig'] as const) {
     const value = flags[key];
     if (typeof value === 'string' && value !== '') merged[key] = resolve(value);
-  }
-  // The Task API socket sits beside the socket unless it is set: one tsbox per directory.
-  const socket = merged['socket'];
-  if (fromFile.taskSocket === undefined && fromFlags.taskSocket === undefined && typeof socket === 'string' && isAbsolute(socket)) {
-    merged['taskSocket'] = join(dirname(socket), 'task.sock');
   }
   const result = schema.safeParse(merged);
   if (!result.success) {

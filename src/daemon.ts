@@ -16,10 +16,10 @@ import { hostPlatform } from './platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
-import { ProcessBackend } from './runtime/process-backend.js';
+import { ProcessBackend, type TaskRoute } from './runtime/process-backend.js';
 import { type StateLock, StateDirInUseError, lockStateDir } from './runtime/state-lock.js';
 import { SystemdScopes, connectSystemd, systemdIsInit } from './runtime/systemd.js';
-import { stateLayout } from './state/layout.js';
+import { MAX_SOCKET_PATH, longestPodSocket, stateLayout } from './state/layout.js';
 import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
@@ -38,9 +38,47 @@ export interface Daemon {
 /** The runc the Task API route runs (on PATH), unless a handler's runc options name another. */
 const RUNC = 'runc';
 
-type TaskApi = NonNullable<ConstructorParameters<typeof ProcessBackend>[0]['taskApi']>;
+/**
+ * The Task API route as the backend uses it: the handlers on it, and the task server's links
+ * and tasks. A Shutdown's removal of the tasks a sandbox left is bounded (30 s; it never fails
+ * the Shutdown), as is a lost pod's kill of its tasks; each bound's timer goes with the call (a
+ * timer left armed per Shutdown would stay in the heap for its 30 s after every pod).
+ */
+function taskRoute(handlers: readonly string[], server: TaskServer, logger: Logger): TaskRoute & { recovered(): void } {
+  const bounded = async (sandboxId: string, what: string, work: (signal: AbortSignal) => Promise<void>): Promise<void> => {
+    const bound = new AbortController();
+    const timer = setTimeout(() => bound.abort(new TsboxError('DeadlineExceeded', `the tasks of sandbox ${sandboxId} were not ${what} within 30 s`)), 30_000);
+    try {
+      await work(bound.signal);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+  // The pods an earlier build's node-wide task front carries; once recovery is done and none is
+  // left, that front is ended.
+  const formerPods = new Set<string>();
+  let recovered = false;
+  const endFormerFront = (): void => {
+    void server.endFormerFront().catch((err: unknown) => logger.warn({ err }, "cannot end an earlier build's task front"));
+  };
+  return {
+    handlers,
+    formerPod: (key, present) => {
+      if (present) formerPods.add(key);
+      else if (formerPods.delete(key) && formerPods.size === 0 && recovered) endFormerFront();
+    },
+    recovered: () => {
+      recovered = true;
+      if (formerPods.size === 0) endFormerFront();
+    },
+    attach: (pod) => server.links.attach(pod),
+    detach: (key) => server.links.detach(key),
+    killTasks: (ns, id) => bounded(id, 'ended', (signal) => server.tasks.killSandboxTasks(ns, id, signal)),
+    removeTasks: (ns, id) => bounded(id, 'removed', (signal) => server.tasks.removeSandboxTasks(ns, id, signal)),
+  };
+}
 
-async function createBackend(config: Config, logger: Logger, taskApi: TaskApi, helper: Helper): Promise<RuntimeBackend> {
+async function createBackend(config: Config, logger: Logger, taskApi: TaskRoute | undefined, helper: Helper): Promise<RuntimeBackend> {
   if (config.backend === 'noop') {
     logger.warn('backend "noop": sandboxes run no process (for benchmarks only)');
     return new NoopBackend();
@@ -58,7 +96,7 @@ async function createBackend(config: Config, logger: Logger, taskApi: TaskApi, h
     systemd: systemdIsInit() ? new SystemdScopes(() => connectSystemd(systemdLog), systemdLog) : undefined,
     podFiles: config.namespaces ? new PodFiles(criDirs(config.containerdRoot, config.containerdState), helper) : undefined,
     containerdAddress: config.containerdAddress,
-    taskApi,
+    ...(taskApi === undefined ? {} : { taskApi }),
     startTimeoutMs: config.startTimeoutMs,
     ...(helper instanceof HelperService ? { starter: helper } : {}),
     killTimeoutMs: config.killTimeoutMs,
@@ -147,11 +185,9 @@ async function serveTasks(config: Config, log: Logger, helper: Helper, lock: Sta
   const events = containerdTaskEvents(config.containerdAddress, log);
   const server = await startTaskServer({
     logger: log,
-    socket: config.taskSocket,
     stateDir: config.stateDir,
     containerdState: config.containerdState,
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
-    frontPath: join(dirname(config.shimPath), 'tsbox-front'),
     ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
     runcPath: RUNC,
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
@@ -163,6 +199,8 @@ async function serveTasks(config: Config, log: Logger, helper: Helper, lock: Sta
   });
   return {
     tasks: server.tasks,
+    links: server.links,
+    endFormerFront: () => server.endFormerFront(),
     async close(drainMs) {
       await server.close(drainMs);
       await Promise.race([events.drained(), delay(drainMs)]);
@@ -221,36 +259,26 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
 async function startLocked(config: Config, logger: Logger, lock: StateLock): Promise<Daemon> {
   await prepareSocketPath(config.socket);
   const taskApiHandlers = config.backend === 'process' ? resolveHandlerRoutes(config, logger) : [];
+  if (config.taskSocket !== undefined) logger.warn({ taskSocket: config.taskSocket }, `task_socket is no longer used: each pod has a task socket of its own below ${join(config.stateDir, 's')}`);
+  const longest = longestPodSocket(config.stateDir);
+  if (taskApiHandlers.length > 0 && longest > MAX_SOCKET_PATH) {
+    throw new OperatorError(EXIT.usage, `the pods' task sockets below ${config.stateDir} would be ${longest} bytes long, more than a unix socket's ${MAX_SOCKET_PATH}`, 'give tsbox a shorter --state-dir');
+  }
   // Metrics are kept only when an endpoint serves them; otherwise no call or record save
   // pays for them. Before recovery, so /healthz answers and /readyz says 503 while tsbox
   // recovers.
   const metrics = config.metricsAddress !== '' ? createMetrics() : undefined;
   let metricsServer: MetricsServer | undefined;
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
-  const taskApi: TaskApi = { address: config.taskSocket, handlers: taskApiHandlers };
   // mount(2) and umount(2) for pods and tasks, without a process started from tsbox for each.
   const helper = new HelperService(config.shimPath, logger.child({ component: 'mount-helper' }));
-  const rawBackend = await createBackend(config, logger, taskApi, helper);
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
-  // listening before containerd may look for it.
+  // its tasks recovered before the sandboxes, whose recovery links each pod's process to it.
   const taskServer = config.backend === 'process' && (taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))
     ? await startTasks(config, logger, helper)
     : undefined;
-  if (taskServer !== undefined) {
-    const { tasks } = taskServer;
-    // A sandbox's Shutdown deletes the tasks it left (bounded; never fails the Shutdown).
-    // The bound's timer goes with the call: a timer left armed per Shutdown (AbortSignal.timeout)
-    // would stay in the heap for its 30 s after every pod.
-    taskApi.removeSandboxTasks = async (namespace, sandboxId) => {
-      const bound = new AbortController();
-      const timer = setTimeout(() => bound.abort(new TsboxError('DeadlineExceeded', `the tasks of sandbox ${sandboxId} were not removed within 30 s`)), 30_000);
-      try {
-        await tasks.removeSandboxTasks(namespace, sandboxId, bound.signal);
-      } finally {
-        clearTimeout(timer);
-      }
-    };
-  }
+  const route = taskServer === undefined ? undefined : taskRoute(taskApiHandlers, taskServer, logger.child({ component: 'tasks' }));
+  const rawBackend = await createBackend(config, logger, route, helper);
   const backend = metrics !== undefined ? instrumentBackend(rawBackend, metrics) : rawBackend;
   // Records: one file per sandbox, written atomically and fsynced before the RPC that
   // changed it is answered.
@@ -267,6 +295,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
     podContainers,
   });
   const summary = await controller.recover(config.recoveryConcurrency);
+  route?.recovered();
   metrics?.recoveryDone(summary);
   logger.info(summary, 'recovery done');
   const server = createServer({

@@ -11,6 +11,7 @@ import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containe
 import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
 import { isGone, messageOf } from '../errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
+import { MAX_SOCKET_PATH, longestPodSocket } from '../state/layout.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
 import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
@@ -251,8 +252,9 @@ async function checkTsboxFiles(config: Config, taskApi: readonly string[]): Prom
   }
   if (taskApi.length > 0) {
     const handlers = taskApi.map((h) => `"${h}"`).join(', ');
-    if ((await probeSocket(config.taskSocket, 2_000)) === 'accepts') findings.push(pass(`tsbox's Task API answers on ${config.taskSocket} (containers of handler ${handlers})`));
-    else findings.push(fail(`nothing answers on tsbox's Task API socket ${config.taskSocket}: the containers of handler ${handlers} cannot start`, 'systemctl restart tsbox (it serves the socket through its task front)'));
+    const longest = longestPodSocket(config.stateDir);
+    if (longest > MAX_SOCKET_PATH) findings.push(fail(`the pods' task sockets below ${config.stateDir} would be ${longest} bytes long, more than a unix socket's ${MAX_SOCKET_PATH}: the pods of handler ${handlers} cannot start`, 'give tsbox a shorter --state-dir'));
+    else findings.push(pass(`each pod of handler ${handlers} gets a task socket of its own below ${join(config.stateDir, 's')} (containerd speaks the Task API v3 to the pod's process)`));
   }
   try {
     const st = statSync(config.stateDir);

@@ -264,6 +264,27 @@ function mounts(): Mount[] {
   return out;
 }
 
+/**
+ * The directories of the cgroups this process is in, one per mounted hierarchy (a v1 named
+ * hierarchy such as systemd's included): where a pod's supervisor goes back to once systemd has
+ * put it into the pod's scope, so that only the sandbox stays there. Hierarchies this process
+ * cannot see mounted are left out.
+ */
+export function ownCgroupDirs(): string[] {
+  const all = mounts();
+  const dirs: string[] = [];
+  for (const line of readFileSync('/proc/self/cgroup', 'utf8').split('\n')) {
+    const match = /^\d+:([^:]*):(\/.*)$/.exec(line);
+    if (match === null) continue;
+    const [, controllers = '', path = '/'] = match;
+    const mount = controllers === ''
+      ? all.find((m) => m.type === 'cgroup2')
+      : all.find((m) => m.type === 'cgroup' && controllers.split(',').every((c) => m.options.includes(c)));
+    if (mount !== undefined) dirs.push(join(mount.path, path));
+  }
+  return dirs;
+}
+
 /** Those whose hierarchies hold a sandbox's cgroup; freezer is how its processes are ended. */
 const V1_CONTROLLERS = ['memory', 'cpuacct', 'cpu', 'pids', 'cpuset', 'freezer'] as const;
 

@@ -21,11 +21,11 @@ import type {
 import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
-import { sandboxCgroupPath, type CgroupManager } from './cgroups.js';
+import { ownCgroupDirs, sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
 import { type HelperService, spawnThrough } from './helper-service.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
-import { isSameProcess, processStartTime, processStat, signalGroup } from './proc.js';
+import { isSameProcess, processStartTime, processStat, signalGroup, signalProcess } from './proc.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
 import { removeStaleShimSockets, shimSocketPath, stopPodShims } from './task-shim.js';
 
@@ -35,6 +35,12 @@ const handleSchema = z.object({
   shimStart: z.string(),
   pid: z.number().int().positive(),
   pidStart: z.string(),
+  /**
+   * The link socket of a pod whose supervisor relays its task calls (the Task API route): that
+   * supervisor outlives the sandbox process, serving the pod's tasks, until the sandbox's
+   * Shutdown. Absent for other sandboxes, whose supervisor ends with the sandbox.
+   */
+  link: z.string().optional(),
 });
 export type ProcessHandle = z.infer<typeof handleSchema>;
 
@@ -52,17 +58,8 @@ export interface ProcessBackendOptions {
   readonly podFiles: PodFiles | undefined;
   /** containerd's socket, from which its runtime shim names the pod's task socket. */
   readonly containerdAddress: string;
-  /**
-   * The Task API v3 route: pods of these CRI runtime handlers (names, as src/task-routes.ts
-   * resolved them) are told tsbox's own task socket, version 3, and containerd runs no shim
-   * for them.
-   */
-  readonly taskApi?: {
-    readonly address: string;
-    readonly handlers: readonly string[];
-    /** Deletes the tasks a sandbox left (set once the task server runs). */
-    removeSandboxTasks?: (namespace: string, sandboxId: string) => Promise<void>;
-  };
+  /** The Task API v3 route (the task server), when tsbox serves tasks. */
+  readonly taskApi?: TaskRoute;
   /** How long the supervisor may take to answer its start handshake. */
   readonly startTimeoutMs: number;
   /** Starts supervisors without a fork of tsbox when one of its processes is free. */
@@ -72,6 +69,29 @@ export interface ProcessBackendOptions {
   readonly logger: Logger;
   /** How often sandboxes whose supervisor is not tsbox's child are checked for a lost supervisor. */
   readonly pollIntervalMs: number;
+}
+
+/**
+ * The Task API v3 route as the backend uses it: pods of these CRI runtime handlers (names, as
+ * src/task-routes.ts resolved them) get a supervisor that also owns the pod's task socket and
+ * relays containerd's calls to tsbox's task service over the pod's link; containerd is told that
+ * socket, version 3, and runs no shim for them.
+ */
+export interface TaskRoute {
+  readonly handlers: readonly string[];
+  /** Starts serving a pod's tasks through its supervisor's link (src/tasks/pod-links.ts). */
+  attach(pod: { key: string; path: string; alive(): Promise<boolean>; lost(): void }): void;
+  /** Stops serving them: the link closes and is not opened again. */
+  detach(key: string): void;
+  /** Ends the processes of the tasks that name the sandbox (its supervisor is gone). */
+  killTasks(namespace: string, sandboxId: string): Promise<void>;
+  /** Deletes the tasks that name the sandbox (its Shutdown). */
+  removeTasks(namespace: string, sandboxId: string): Promise<void>;
+  /**
+   * A pod an earlier build started, whose tasks its node-wide task front carries (`present`), or
+   * its Shutdown (`false`): once none is left that front is ended.
+   */
+  formerPod(key: string, present: boolean): void;
 }
 
 const UNKNOWN = 255;
@@ -98,8 +118,8 @@ export function parseExitFile(text: string): ExitInfo | undefined {
 class Watched implements RunningSandbox {
   #exit: ExitInfo | undefined;
   readonly #listeners: ((exit: ExitInfo) => void)[] = [];
-  /** The supervisor is gone without an exit file: watch the sandbox pid itself. */
-  orphaned = false;
+  /** The supervisor is gone without an exit file: the pod is being ended. */
+  ending = false;
   /** Where the sandbox's cgroup is, for operators. */
   cgroupPath = '';
 
@@ -158,7 +178,14 @@ export class ProcessBackend implements RuntimeBackend {
   readonly #opts: ProcessBackendOptions;
   readonly #log: Logger;
   readonly #watched = new Map<string, Watched>();
+  /**
+   * Supervisors that relay a pod's task calls and outlive their sandbox process: kept until the
+   * sandbox's Shutdown ends them.
+   */
+  readonly #serving = new Map<string, ProcessHandle>();
   #watcher: FSWatcher | undefined;
+  /** The exits directory cannot be watched: the poll reads the exit files too. */
+  #unwatched = false;
   #oomWarned = false;
   #poll: NodeJS.Timeout | undefined;
 
@@ -174,7 +201,10 @@ export class ProcessBackend implements RuntimeBackend {
     this.#watcher = watch(exits, (_event, filename) => {
       if (typeof filename === 'string') this.#onNotice(filename);
     });
-    this.#watcher.on('error', (err) => this.#log.error({ err }, 'exit notice watch failed; falling back to polling'));
+    this.#watcher.on('error', (err) => {
+      this.#unwatched = true;
+      this.#log.error({ err }, 'exit notice watch failed; falling back to polling');
+    });
     this.#poll = setInterval(() => void this.#pollSupervisors(), this.#opts.pollIntervalMs);
     this.#poll.unref();
   }
@@ -203,6 +233,37 @@ export class ProcessBackend implements RuntimeBackend {
     }
   }
 
+  /** Whether the sandbox's supervisor is the recorded process. */
+  #alive(handle: ProcessHandle): Promise<boolean> {
+    return isSameProcess(handle.shimPid, handle.shimStart);
+  }
+
+  /** Serves the pod's tasks through its supervisor's link, while it lives. */
+  #attach(key: string, handle: ProcessHandle): void {
+    const { taskApi } = this.#opts;
+    const link = handle.link;
+    if (taskApi === undefined || link === undefined) return;
+    taskApi.attach({
+      key,
+      path: link,
+      alive: () => this.#alive(handle),
+      lost: () => {
+        const watched = this.#watched.get(key);
+        if (watched !== undefined) {
+          void this.#collect(watched);
+          return;
+        }
+        // The sandbox had exited; its supervisor served the pod's tasks, which nothing else can.
+        if (this.#serving.delete(key)) void this.#killTasks(key);
+      },
+    });
+  }
+
+  async #killTasks(key: string): Promise<void> {
+    const [ns, id] = key.split('/') as [string, string];
+    await this.#opts.taskApi?.killTasks(ns, id).catch((err: unknown) => this.#log.error({ key, err }, "cannot end the tasks of a pod whose supervisor is gone"));
+  }
+
   async #readExit(dir: string): Promise<ExitInfo | undefined> {
     let text: string;
     try {
@@ -217,25 +278,43 @@ export class ProcessBackend implements RuntimeBackend {
     return exit;
   }
 
-  /** The supervisor died without writing the exit: the code cannot be known. */
+  /**
+   * The supervisor died without writing the exit: the pod ends with it, as a pod whose runc shim
+   * is killed does. Its processes are ended (its cgroup's, and its tasks'), and the exit, which
+   * nobody can know any more, is 255.
+   */
   async #supervisorLost(watched: Watched): Promise<void> {
-    if (await isSameProcess(watched.handle.pid, watched.handle.pidStart)) {
-      if (!watched.orphaned) {
-        watched.orphaned = true;
-        this.#log.warn({ key: watched.key, pid: watched.pid }, 'sandbox supervisor is gone; watching the sandbox process itself');
-      }
-      return;
+    if (watched.exited || watched.ending) return;
+    watched.ending = true;
+    this.#opts.taskApi?.detach(watched.key);
+    this.#log.warn({ key: watched.key, supervisor: watched.handle.shimPid }, "the sandbox's supervisor is gone: ending the pod");
+    try {
+      await this.#endSandbox(watched, this.#bound(new AbortController().signal));
+    } catch (err) {
+      this.#log.error({ key: watched.key, err }, "cannot end the processes of a pod whose supervisor is gone");
     }
-    this.#finish(watched, {
+    this.#finish(watched, (await this.#readExit(watched.dir)) ?? {
       status: UNKNOWN,
       exitedAt: now(),
       reason: 'exit status unknown: the sandbox supervisor was killed before it could record it',
     });
-    this.#log.warn({ key: watched.key }, 'exit status unknown (supervisor killed): reporting 255');
+    await this.#killTasks(watched.key);
+  }
+
+  /** Ends every process of the sandbox: its cgroup's, or without cgroups its process group. */
+  async #endSandbox(watched: Watched, bound: Bound): Promise<void> {
+    if (this.#opts.cgroups !== undefined) {
+      await this.#endCgroup(watched.key, watched.cgroupPath, bound);
+      return;
+    }
+    if (await isSameProcess(watched.pid, watched.handle.pidStart)) signalGroup(watched.pid, 'SIGKILL');
+    await pollUntil(async () => !(await isSameProcess(watched.pid, watched.handle.pidStart)), bound);
   }
 
   #finish(watched: Watched, exit: ExitInfo): void {
     this.#watched.delete(watched.key);
+    // A supervisor that relays the pod's task calls goes on serving them until the Shutdown.
+    if (watched.handle.link !== undefined && !watched.ending) this.#serving.set(watched.key, watched.handle);
     const [ns, id] = watched.key.split('/') as [string, string];
     unlink(this.#opts.layout.exitNotice(ns, id)).catch(ignoreError('a leftover notice only makes tsbox look at the exit file again'));
     watched.fire(exit);
@@ -244,11 +323,7 @@ export class ProcessBackend implements RuntimeBackend {
   async #pollSupervisors(): Promise<void> {
     for (const watched of this.#watched.values()) {
       if (watched.exited) continue;
-      if (watched.orphaned) {
-        await this.#supervisorLost(watched);
-      } else if (!watched.child && !(await isSameProcess(watched.handle.shimPid, watched.handle.shimStart))) {
-        await this.#collect(watched);
-      }
+      if (this.#unwatched || (!watched.child && !(await this.#alive(watched.handle)))) await this.#collect(watched);
     }
   }
 
@@ -289,6 +364,13 @@ export class ProcessBackend implements RuntimeBackend {
     if (spec.hostname !== undefined && unshare.includes('uts')) args.push('--hostname', spec.hostname);
     if (spec.netnsPath !== undefined) args.push('--netns', spec.netnsPath);
     for (const [key, value] of Object.entries(pod?.sysctls ?? {})) args.push('--sysctl', `${key}=${value}`);
+    // On the Task API route the supervisor also owns the pod's task socket and relays
+    // containerd's calls on it to tsbox over the pod's link.
+    const sockets = this.#onTaskRoute(spec) ? layout.podSockets(spec.namespace, spec.id) : undefined;
+    if (sockets !== undefined) args.push('--task-socket', sockets.task, '--link', sockets.link, '--relay-log', join(dir, 'relay.log'));
+    // systemd puts the supervisor into the pod's scope; it goes back to tsbox's cgroups once
+    // the sandbox process runs there, so that the scope holds the pod alone.
+    if (slice !== undefined) for (const home of ownCgroupDirs()) args.push('--home', home);
     if (spec.command !== undefined) args.push('--cwd', spec.command.cwd, '--', ...spec.command.args);
     const env: Record<string, string> = {};
     for (const pair of spec.command?.env ?? []) {
@@ -351,11 +433,13 @@ export class ProcessBackend implements RuntimeBackend {
       shimStart: shimStart ?? '',
       pid: reply.pid,
       pidStart: pidStart ?? '',
+      ...(sockets === undefined ? {} : { link: sockets.link }),
     };
     const key = `${spec.namespace}/${spec.id}`;
     const watched = new Watched(key, dir, handle, child !== undefined);
     watched.cgroupPath = this.#cgroupPath(spec);
     this.#watched.set(key, watched);
+    this.#attach(key, handle);
     if (child !== undefined) {
       // The supervisor writes the exit file before it exits, so its exit is the moment to
       // read it, also when the sandbox ended before its start time could be read.
@@ -423,12 +507,36 @@ export class ProcessBackend implements RuntimeBackend {
    * shim serves the pod on.
    */
   endpoint(spec: LaunchSpec): TaskEndpoint {
-    const taskApi = this.#opts.taskApi;
-    const handler = spec.runtimeHandler;
-    if (taskApi !== undefined && handler !== undefined && taskApi.handlers.includes(handler)) {
-      return { address: `ttrpc+unix://${taskApi.address}`, version: 3 };
-    }
+    if (this.#onTaskRoute(spec)) return { address: `ttrpc+unix://${this.#opts.layout.podSockets(spec.namespace, spec.id).task}`, version: 3 };
     return { address: `ttrpc+unix://${shimSocketPath(this.#opts.containerdAddress, spec.namespace, spec.id)}`, version: 2 };
+  }
+
+  #onTaskRoute(spec: LaunchSpec): boolean {
+    const handler = spec.runtimeHandler;
+    return handler !== undefined && this.#opts.taskApi?.handlers.includes(handler) === true;
+  }
+
+  /**
+   * Ends a supervisor that served its pod's tasks after the sandbox's exit (SIGTERM, which it
+   * takes once its sandbox has exited; SIGKILL if it is still there after half the kill bound),
+   * and removes the pod's sockets.
+   */
+  async #endServing(spec: LaunchSpec): Promise<void> {
+    const key = `${spec.namespace}/${spec.id}`;
+    const handle = this.#serving.get(key);
+    this.#serving.delete(key);
+    this.#opts.taskApi?.detach(key);
+    if (handle !== undefined && (await this.#alive(handle))) {
+      const bound = this.#bound(new AbortController().signal);
+      signalProcess(handle.shimPid, 'SIGTERM');
+      if (!(await pollUntil(async () => !(await this.#alive(handle)), { ...bound, deadline: Date.now() + bound.ms / 2 }))) {
+        this.#log.warn({ key, supervisor: handle.shimPid }, 'the supervisor did not end on SIGTERM: SIGKILL');
+        signalProcess(handle.shimPid, 'SIGKILL');
+        await pollUntil(async () => !(await this.#alive(handle)), bound);
+      }
+    }
+    const sockets = this.#opts.layout.podSockets(spec.namespace, spec.id);
+    await allOrFirstError([rm(sockets.task, { force: true }), rm(sockets.link, { force: true })]);
   }
 
   async teardown(spec: LaunchSpec, stage: TeardownStage): Promise<void> {
@@ -438,7 +546,9 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
-    await this.#opts.taskApi?.removeSandboxTasks?.(spec.namespace, spec.id);
+    await this.#opts.taskApi?.removeTasks(spec.namespace, spec.id);
+    await this.#endServing(spec);
+    this.#opts.taskApi?.formerPod(`${spec.namespace}/${spec.id}`, false);
     await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
     await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
     await podFiles?.remove(spec.id);
@@ -457,13 +567,23 @@ export class ProcessBackend implements RuntimeBackend {
   async recover(spec: LaunchSpec, raw: unknown): Promise<Recovered> {
     const dir = this.#opts.layout.sandboxDir(spec.namespace, spec.id);
     const parsed = handleSchema.safeParse(raw);
+    const key = `${spec.namespace}/${spec.id}`;
+    // Started by an earlier build on the Task API route: its tasks' calls come through that
+    // build's node-wide task front, served as long as such a pod is left.
+    if (parsed.success && parsed.data.link === undefined && this.#onTaskRoute(spec)) this.#opts.taskApi?.formerPod(key, true);
     const exit = await this.#readExit(dir);
-    if (exit !== undefined) return { kind: 'exited', exit };
+    if (exit !== undefined) {
+      // A supervisor that relays the pod's task calls serves them on after the exit.
+      if (parsed.success && parsed.data.link !== undefined && (await this.#alive(parsed.data))) {
+        this.#serving.set(key, parsed.data);
+        this.#attach(key, parsed.data);
+      }
+      return { kind: 'exited', exit };
+    }
     if (!parsed.success) {
       return { kind: 'exited', exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: no process recorded' } };
     }
-    const key = `${spec.namespace}/${spec.id}`;
-    if (await isSameProcess(parsed.data.shimPid, parsed.data.shimStart)) {
+    if (await this.#alive(parsed.data)) {
       // The supervisor lives; the sandbox pid is trusted only with its start time, else it
       // is taken from the supervisor's own pid file.
       const handle = await this.#verifiedHandle(dir, parsed.data);
@@ -471,6 +591,7 @@ export class ProcessBackend implements RuntimeBackend {
         const watched = new Watched(key, dir, handle, false);
         watched.cgroupPath = this.#cgroupPath(spec);
         this.#watched.set(key, watched);
+        this.#attach(key, handle);
         return { kind: 'running', sandbox: watched };
       }
       this.#log.warn({ key, pid: parsed.data.pid }, 'recorded sandbox pid is not the sandbox process; removing the sandbox');
@@ -490,16 +611,17 @@ export class ProcessBackend implements RuntimeBackend {
       this.#watched.delete(key);
       return { kind: 'exited', exit: late };
     }
-    if (await isSameProcess(parsed.data.pid, parsed.data.pidStart)) {
-      watched.orphaned = true;
-      this.#log.warn({ key, pid: parsed.data.pid }, 'sandbox supervisor is gone; watching the sandbox process itself');
-      return { kind: 'running', sandbox: watched };
-    }
+    // The supervisor was killed while tsbox was away: the pod ends with it (#supervisorLost).
+    this.#log.warn({ key }, "the sandbox's supervisor was killed while tsbox was away: ending the pod, exit status unknown (255)");
+    watched.ending = true;
+    await this.#endSandbox(watched, this.#bound(new AbortController().signal)).catch((err: unknown) =>
+      this.#log.error({ key, err }, "cannot end the processes of a pod whose supervisor is gone"),
+    );
     this.#watched.delete(key);
-    this.#log.warn({ key }, 'exit status unknown (supervisor killed while tsbox was away): reporting 255');
+    await this.#killTasks(key);
     return {
       kind: 'exited',
-      exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the sandbox supervisor was killed' },
+      exit: (await this.#readExit(dir)) ?? { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the sandbox supervisor was killed' },
     };
   }
 
@@ -546,8 +668,12 @@ export class ProcessBackend implements RuntimeBackend {
       if (ours) {
         this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
         signalGroup(pid, 'SIGKILL');
+        // A supervisor that relays task calls would outlive its sandbox: it goes too.
+        if (cmdline.split('\0').includes(dir)) signalProcess(shimPid, 'SIGKILL');
       }
     }
+    const sockets = this.#opts.layout.podSockets(spec.namespace, spec.id);
+    await allOrFirstError([rm(sockets.task, { force: true }), rm(sockets.link, { force: true })]);
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(key, path, bound);
     } else if (ours && shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
@@ -573,8 +699,6 @@ export class ProcessBackend implements RuntimeBackend {
     if (watched.exited) return;
     if (await isSameProcess(watched.pid, watched.handle.pidStart)) {
       if (!watched.exited) signalGroup(watched.pid, signal);
-    } else if (watched.orphaned) {
-      await this.#supervisorLost(watched);
     }
   }
 
@@ -584,25 +708,20 @@ export class ProcessBackend implements RuntimeBackend {
 
   /**
    * SIGKILL to the sandbox's process group; half the bound for it to die of that and its
-   * supervisor to record the exit (137), the rest to end everything in its cgroup, the
-   * supervisor included (the exit is then unknown, 255).
+   * supervisor to record the exit (137), the rest to end everything in its cgroup (what the
+   * sandbox left outside its group) and for the supervisor to record that exit.
    */
   async kill(sandbox: RunningSandbox, signal: CallSignal): Promise<void> {
     const watched = sandbox as Watched;
     const bound = this.#bound(signal);
     await this.#signal(watched, 'SIGKILL');
-    // A sandbox whose supervisor is gone has no one to report its exit: it is checked here.
     const exited = async (): Promise<boolean> => {
-      if (watched.orphaned && !watched.exited) await this.#supervisorLost(watched);
+      await this.#collect(watched);
       return watched.exited;
     };
     if (await untilExit(watched, exited, { ...bound, deadline: Date.now() + bound.ms / 2 })) return;
-    if (this.#opts.cgroups !== undefined) {
-      await this.#endCgroup(watched.key, watched.cgroupPath, bound);
-    } else {
-      await pollUntil(async () => !(await isSameProcess(watched.pid, watched.handle.pidStart)), bound);
-    }
-    await this.#collect(watched);
+    await this.#endSandbox(watched, bound);
+    await untilExit(watched, exited, bound);
     if (!watched.exited) {
       throw new TsboxError('DeadlineExceeded', `sandbox ${watched.key}: process ${watched.pid} is still there ${bound.ms} ms after SIGKILL (kill_timeout_ms)`);
     }
@@ -638,7 +757,7 @@ export class ProcessBackend implements RuntimeBackend {
       directory: watched.dir,
       cgroup: this.#opts.cgroups === undefined ? undefined : `v${this.#opts.cgroups.version}:${watched.cgroupPath}`,
       namespaces: this.#opts.namespaces,
-      supervisorLost: watched.orphaned,
+      ...(watched.handle.link === undefined ? {} : { link: watched.handle.link }),
     };
   }
 

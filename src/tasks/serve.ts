@@ -1,13 +1,13 @@
-import { spawn } from 'node:child_process';
-import { open, readdir } from 'node:fs/promises';
-import { connect, type Socket } from 'node:net';
+import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import { TsboxError, errnoOf, isGone, readIfPresentNow, withPath } from '../errors.js';
+import { isGone, readIfPresent, readIfPresentNow, withPath } from '../errors.js';
+import { signalProcess } from '../runtime/proc.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
 import type { HelperService } from '../runtime/helper-service.js';
 import { TtrpcServer } from '../ttrpc/server.js';
+import { PodLinks, dialUnix } from './pod-links.js';
 import { registerTaskService } from './task-service.js';
 import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskEvents } from './tasks.js';
 
@@ -77,13 +77,10 @@ export function containerCgroups(manager: CgroupManager): ContainerCgroups {
 
 export interface TaskServerOptions {
   readonly logger: Logger;
-  readonly socket: string;
   readonly stateDir: string;
   /** containerd's state dir: the tasks' files go below it (taskDirs). */
   readonly containerdState: string;
   readonly holderPath: string;
-  /** The task front's program (native/tsbox-front.c), started when none answers. */
-  readonly frontPath: string;
   /** Starts holders without a fork of tsbox when one of its processes is free. */
   readonly holderStarter?: HelperService;
   readonly runcPath: string;
@@ -95,67 +92,45 @@ export interface TaskServerOptions {
 /** The running Task API v3 server. */
 export interface TaskServer {
   readonly tasks: TaskTable;
+  /** The links to the pods' processes, which relay containerd's calls to the task service. */
+  readonly links: PodLinks;
+  /**
+   * No pod of an earlier build's node-wide task front is left: that front, if it still runs,
+   * is ended (SIGTERM), so that nothing of tsbox stays on the node once its pods are gone.
+   */
+  endFormerFront(): Promise<void>;
   close(drainMs: number): Promise<void>;
 }
 
-/** The front's files below tsbox's state dir: its backend socket, pid and log. */
-export function frontFiles(stateDir: string): { backend: string; pid: string; log: string } {
-  return { backend: join(stateDir, 'task-front.sock'), pid: join(stateDir, 'task-front.pid'), log: join(stateDir, 'task-front.log') };
-}
-
-const FRONT_START_MS = 10_000;
-
-/** A connection to the front's backend socket; undefined when no front answers there. */
-function dialFront(path: string): Promise<Socket | undefined> {
-  return new Promise((resolve, reject) => {
-    const socket = connect(path);
-    socket.once('connect', () => {
-      socket.removeAllListeners('error');
-      resolve(socket);
-    });
-    socket.once('error', (err) => {
-      const code = errnoOf(err);
-      if (code === 'ENOENT' || code === 'ECONNREFUSED') resolve(undefined);
-      else reject(withPath(err, path, 'connect to'));
-    });
-  });
+/** The node-wide task front of earlier builds: its backend socket and pid file below tsbox's state dir. */
+export function formerFrontFiles(stateDir: string): { socket: string; pid: string } {
+  return { socket: join(stateDir, 'task-front.sock'), pid: join(stateDir, 'task-front.pid') };
 }
 
 /**
- * A connection to the task front, started first when none answers: the front owns the Task API
- * socket and containerd's connections, and outlives tsbox (native/tsbox-front.c).
+ * Serves the pods an earlier build started through its node-wide task front, while that front
+ * still runs: it holds containerd's connections to those pods' tasks. None is ever started; once
+ * it is gone (or was never there) this does nothing.
  */
-async function reachFront(frontPath: string, socket: string, stateDir: string, logger: Logger): Promise<Socket> {
-  const files = frontFiles(stateDir);
-  const found = await dialFront(files.backend);
-  if (found !== undefined) return found;
-  const log = await open(files.log, 'a', 0o600);
-  try {
-    const child = spawn(frontPath, ['--listen', socket, '--backend', files.backend, '--pid-file', files.pid, '--log-file', files.log], {
-      detached: true,
-      stdio: ['ignore', log.fd, log.fd],
-    });
-    // A program that cannot run (missing, not executable) fails the dial below, with its reason here.
-    child.once('error', (err) => logger.error({ err, path: frontPath }, 'cannot start the task front'));
-    child.unref();
-    logger.info({ pid: child.pid, socket, log: files.log }, 'task front started');
-  } finally {
-    await log.close();
-  }
-  const until = Date.now() + FRONT_START_MS;
-  while (Date.now() < until) {
-    const dialled = await dialFront(files.backend);
-    if (dialled !== undefined) return dialled;
-    await delay(50);
-  }
-  throw new TsboxError('Unavailable', `the task front did not answer on ${files.backend} within ${FRONT_START_MS} ms (its log: ${files.log})`);
+async function serveFormerFront(server: TtrpcServer, stateDir: string, logger: Logger, closing: () => boolean): Promise<void> {
+  const path = formerFrontFiles(stateDir).socket;
+  const socket = await dialUnix(path).catch((err: unknown) => {
+    logger.warn({ err }, "cannot reach an earlier build's task front");
+    return undefined;
+  });
+  if (socket === undefined) return;
+  logger.info({ backend: path }, "serving the pods of an earlier build's task front");
+  await server.serveConnection(socket, { hello: () => undefined });
+  if (closing()) return;
+  await delay(1000);
+  if (!closing()) await serveFormerFront(server, stateDir, logger, closing);
 }
 
 /**
- * Recovers the recorded tasks, then serves the Task API through the task front, which owns
- * the socket (mode 0600: containerd runs as root), starting the front when none runs. Called
- * before the sandbox socket is bound, so that a containerd started meanwhile finds the task
- * socket listening when it loads its tasks. A front that goes away is started again.
+ * Recovers the recorded tasks and makes the task service, which each pod's process reaches
+ * through its link (PodLinks: the caller attaches each pod as its sandbox starts or is
+ * recovered). Called before the sandboxes are recovered, so that a pod's process is served as
+ * soon as its sandbox is.
  */
 export async function startTaskServer(options: TaskServerOptions): Promise<TaskServer> {
   const dirs = taskDirs(options.containerdState);
@@ -174,27 +149,28 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
   await tasks.recover();
   const server = new TtrpcServer({ logger: options.logger });
   registerTaskService(server, tasks);
+  const links = new PodLinks({ logger: options.logger, server });
   let closing = false;
-  const serve = (socket: Socket): void => {
-    void server.serveConnection(socket).then(async () => {
-      // The front went away (it was killed): start another, so that new tasks are served.
-      while (!closing) {
-        options.logger.warn('the connection to the task front closed: reaching it again');
-        try {
-          serve(await reachFront(options.frontPath, options.socket, options.stateDir, options.logger));
-          return;
-        } catch (err) {
-          options.logger.error({ err }, 'cannot reach the task front');
-          await delay(1000);
-        }
-      }
-    });
-  };
-  serve(await reachFront(options.frontPath, options.socket, options.stateDir, options.logger));
+  let formerDone = false;
+  void serveFormerFront(server, options.stateDir, options.logger, () => closing || formerDone);
   return {
     tasks,
+    links,
+    endFormerFront: async () => {
+      formerDone = true;
+      const files = formerFrontFiles(options.stateDir);
+      const pid = Number((await readIfPresentNow(files.pid))?.trim() ?? '0');
+      // Only the front of this state dir: its command line names its backend socket.
+      const cmdline = pid > 0 ? await readIfPresent(`/proc/${pid}/cmdline`) : undefined;
+      if (cmdline !== undefined && cmdline.split('\0').includes(files.socket)) {
+        options.logger.info({ pid }, "no pod of an earlier build's task front is left: ending that front");
+        signalProcess(pid, 'SIGTERM');
+      }
+      await rm(files.pid, { force: true });
+    },
     close: async (drainMs) => {
       closing = true;
+      links.close();
       tasks.close();
       await server.close(drainMs);
     },

@@ -741,23 +741,51 @@ export class TaskTable {
    * otherwise run on with no pod. Bounded: a process that does not die of SIGKILL within 10 s
    * is logged and its task left.
    */
+  #sandboxTasks(ns: string, sandboxId: string): Task[] {
+    return [...this.#tasks.values()].filter((t) => !t.deleted && t.record.namespace === ns && t.record.sandboxId === sandboxId && sandboxId !== '');
+  }
+
+  /**
+   * Ends every process of a task with SIGKILL (its execs through their holders, the container with
+   * runc kill --all); true once its init has ended, false when it is still there 10 s later.
+   */
+  async #killTask(task: Task, signal: CallSignal): Promise<boolean> {
+    const { namespace: ns, id } = task.record;
+    for (const exec of task.execs.values()) {
+      if (exec.pid > 0 && exec.exit === undefined) await this.kill(ns, id, exec.execId, 9, false, signal).catch(ignoreError('it ended meanwhile'));
+    }
+    if (task.init.exit !== undefined) return true;
+    await runc(this.#runc(task.record), ['kill', '--all', id, '9'], { signal }).catch((err: unknown) => {
+      if (!isTsboxError(err, 'NotFound')) throw err;
+    });
+    return (await this.#settledWithin(task.init, 10_000)) !== undefined;
+  }
+
+  /**
+   * Ends the processes of the tasks that name the sandbox, whose pod's process is gone:
+   * containerd's connections to them closed with it, so nothing else would. Their exits are
+   * recorded and published as any; the tasks stay until the sandbox's Shutdown deletes them.
+   */
+  async killSandboxTasks(ns: string, sandboxId: string, signal: CallSignal): Promise<void> {
+    for (const task of this.#sandboxTasks(ns, sandboxId)) {
+      const id = task.record.id;
+      this.#log.warn({ ns, id, sandbox: sandboxId }, "ending a task whose pod's process is gone");
+      try {
+        if (!(await this.#killTask(task, signal))) this.#log.error({ ns, id }, "a task whose pod's process is gone did not end within 10 s of SIGKILL");
+      } catch (err) {
+        if (!isTsboxError(err, 'NotFound')) this.#log.error({ err, ns, id }, "cannot end a task whose pod's process is gone");
+      }
+    }
+  }
+
   async removeSandboxTasks(ns: string, sandboxId: string, signal: CallSignal): Promise<void> {
-    const tasks = [...this.#tasks.values()].filter((t) => !t.deleted && t.record.namespace === ns && t.record.sandboxId === sandboxId && sandboxId !== '');
-    for (const task of tasks) {
+    for (const task of this.#sandboxTasks(ns, sandboxId)) {
       const id = task.record.id;
       this.#log.warn({ ns, id, sandbox: sandboxId }, 'deleting a task its sandbox left behind');
       try {
-        for (const exec of task.execs.values()) {
-          if (exec.pid > 0 && exec.exit === undefined) await this.kill(ns, id, exec.execId, 9, false, signal).catch(ignoreError('it ended meanwhile'));
-        }
-        if (task.init.exit === undefined) {
-          await runc(this.#runc(task.record), ['kill', '--all', id, '9'], { signal }).catch((err: unknown) => {
-            if (!isTsboxError(err, 'NotFound')) throw err;
-          });
-          if ((await this.#settledWithin(task.init, 10_000)) === undefined) {
-            this.#log.error({ ns, id }, 'a task of a removed sandbox did not end within 10 s of SIGKILL; it is left');
-            continue;
-          }
+        if (!(await this.#killTask(task, signal))) {
+          this.#log.error({ ns, id }, 'a task of a removed sandbox did not end within 10 s of SIGKILL; it is left');
+          continue;
         }
         for (const exec of [...task.execs.keys()]) await this.delete(ns, id, exec, signal).catch(ignoreError('deleted meanwhile'));
         await this.delete(ns, id, '', signal);

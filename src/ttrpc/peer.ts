@@ -2,8 +2,8 @@ import type { Socket } from 'node:net';
 import { MAX_QUEUED_OUTPUT_BYTES } from './limits.js';
 
 /**
- * What the server keeps per connection it reads ttrpc frames from (the task front,
- * native/tsbox-front.c, keeps the same for each of containerd's connections, in C).
+ * What the server keeps per connection it reads ttrpc frames from (a pod's relay,
+ * native/relay.c, keeps the same for each of containerd's connections, in C).
  */
 export interface ReadingPeer {
   readonly socket: Socket;

@@ -6,7 +6,7 @@ import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limit
 import { listenUnixSocket } from '../transport/socket.js';
 import { toStatus, type Status } from '../transport/status.js';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded, type Frame } from './frame.js';
-import { FRONT_CANCEL, FRONT_SERVICE, decodeCancel } from './front-link.js';
+import { FORMER_FRONT_SERVICE, POD_CANCEL, POD_HELLO, POD_SERVICE, decodeCancel, decodeHello } from './pod-link.js';
 import { writeBounded } from './peer.js';
 import {
   FRAME_ARRIVAL_MS,
@@ -64,6 +64,15 @@ interface Call {
   answered: boolean;
 }
 
+/** What the owner of a link decides of it (TtrpcServer.serveConnection). */
+export interface LinkOptions {
+  /**
+   * The relay's Hello: undefined to go on, or the refusal it is answered with, after which the
+   * link is closed.
+   */
+  readonly hello: (version: number | undefined) => TsboxError | undefined;
+}
+
 /** One accepted connection. */
 class Connection {
   readonly decoder = new FrameDecoder();
@@ -80,11 +89,12 @@ class Connection {
     readonly socket: Socket,
     now: number,
     /**
-     * The task front's connection (native/tsbox-front.c): it carries every call of containerd's, is never
-     * evicted, and at shutdown its calls get no answer, so that the front keeps them for the
-     * next tsbox instead of passing containerd a failure.
+     * A link to a relay (a pod's process, pod-link.ts): it carries the pod's calls from
+     * containerd, is never evicted, and at shutdown its calls get no answer, so that the relay
+     * keeps them for the next tsbox instead of passing containerd a failure. Undefined for a
+     * connection accepted on a socket of the server's own.
      */
-    readonly front = false,
+    readonly link?: LinkOptions,
   ) {
     this.lastActive = now;
   }
@@ -175,8 +185,8 @@ export class TtrpcServer {
     const listenerClosed = new Promise<void>((resolve) => this.#listener.close(() => resolve()));
     if (this.#sweep !== undefined) clearInterval(this.#sweep);
     for (const connection of this.#connections) {
-      // The front keeps its calls for the next tsbox: they get no answer from this one.
-      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, !connection.front);
+      // A relay keeps its calls for the next tsbox: they get no answer from this one.
+      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, connection.link === undefined);
     }
     if (this.#calls > 0) {
       await new Promise<void>((resolve) => {
@@ -195,14 +205,15 @@ export class TtrpcServer {
   }
 
   /**
-   * Serves one connection tsbox opened itself to the task front, which relays containerd's
-   * calls: as an accepted one, but never evicted, bounded by the calls in all rather than per
-   * connection, and left unanswered at shutdown (see Connection.front). Resolves when it closes.
+   * Serves one connection tsbox opened itself to a relay (a pod's process), which relays
+   * containerd's calls for one pod: as an accepted one (the same bound on its calls, so that a
+   * flood on one pod's socket leaves room for the others'), but never evicted, and left
+   * unanswered at shutdown (see Connection.link). Resolves when it closes.
    */
-  serveConnection(socket: Socket): Promise<void> {
+  serveConnection(socket: Socket, link: LinkOptions): Promise<void> {
     const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
     if (this.#closing !== undefined) socket.destroy();
-    else this.#adopt(new Connection(socket, Date.now(), true));
+    else this.#adopt(new Connection(socket, Date.now(), link));
     return closed;
   }
 
@@ -230,7 +241,7 @@ export class TtrpcServer {
   #evictIdle(): boolean {
     let victim: Connection | undefined;
     for (const connection of this.#connections) {
-      if (connection.calls.size > 0 || connection.front) continue;
+      if (connection.calls.size > 0 || connection.link !== undefined) continue;
       if (victim === undefined || connection.lastActive < victim.lastActive) victim = connection;
     }
     if (victim === undefined) return false;
@@ -301,28 +312,38 @@ export class TtrpcServer {
       this.#answer(connection, streamId, invalid(`cannot decode the request: ${messageOf(err)}`));
       return;
     }
-    if (connection.front && request.service === FRONT_SERVICE) {
-      this.#onFrontRequest(connection, streamId, request);
+    if (connection.link !== undefined && (request.service === POD_SERVICE || request.service === FORMER_FRONT_SERVICE)) {
+      this.#onLinkRequest(connection, connection.link, streamId, request);
       return;
     }
     const handler = this.#handlers.get(`${request.service}/${request.method}`);
     if (handler === undefined) {
       this.#answer(connection, streamId, { code: GRPC_CODES.Unimplemented, message: `${request.service}/${request.method} is not implemented` });
     } else if (this.#closing !== undefined) {
-      // The front's requests stay with the front for the next tsbox.
-      if (!connection.front) this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
-    } else if ((!connection.front && connection.calls.size >= MAX_CALLS_PER_CONNECTION) || this.#calls >= MAX_CALLS) {
+      // A relay's requests stay with the relay for the next tsbox.
+      if (connection.link === undefined) this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
+    } else if (connection.calls.size >= MAX_CALLS_PER_CONNECTION || this.#calls >= MAX_CALLS) {
       this.#answer(connection, streamId, { code: GRPC_CODES.ResourceExhausted, message: 'too many calls in flight' });
     } else {
       this.#run(connection, streamId, request, handler);
     }
   }
 
-  /** The task front's own requests (front-link.ts): calls containerd abandoned end here. */
-  #onFrontRequest(connection: Connection, streamId: number, request: Request): void {
-    const ids = request.method === FRONT_CANCEL ? decodeCancel(request.payload) : undefined;
+  /** A relay's own requests (pod-link.ts): its Hello, and the calls containerd abandoned. */
+  #onLinkRequest(connection: Connection, link: LinkOptions, streamId: number, request: Request): void {
+    if (request.service === POD_SERVICE && request.method === POD_HELLO) {
+      const refused = link.hello(decodeHello(request.payload));
+      if (refused === undefined) {
+        this.#answer(connection, streamId, OK);
+      } else {
+        this.#answer(connection, streamId, toStatus(refused, this.#log, `${POD_SERVICE}/${POD_HELLO}`));
+        connection.socket.end();
+      }
+      return;
+    }
+    const ids = request.method === POD_CANCEL ? decodeCancel(request.payload) : undefined;
     if (ids === undefined) {
-      this.#answer(connection, streamId, invalid(`${request.service}/${request.method}: not a request of the task front's`));
+      this.#answer(connection, streamId, invalid(`${request.service}/${request.method}: not a request of a pod's process`));
       return;
     }
     const gone = new TsboxError('Cancelled', 'containerd\'s connection closed');
@@ -357,7 +378,7 @@ export class TtrpcServer {
       if (call.timer !== undefined) clearTimeout(call.timer);
       connection.calls.delete(streamId);
       this.#calls--;
-      if (!call.answered && !(connection.front && this.#closing !== undefined)) {
+      if (!call.answered && !(connection.link !== undefined && this.#closing !== undefined)) {
         call.answered = true;
         this.#answer(connection, streamId, status, status.payload);
       }

@@ -15,6 +15,7 @@ import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
 import { createSandboxerDaemon, tsboxMain, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
+import { stateLayout } from '../../src/state/layout.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -72,16 +73,20 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
     return (answer as { value: T }).value;
   }
 
-  const taskSocket = (): string => path.join(path.dirname(env.tsbox.socketPath), 'task.sock');
+  /** The pod's own task socket, which its process binds below tsbox's state dir. */
+  const taskSocket = (id: string): string => stateLayout(env.tsbox.stateDir).podSockets(CRI_NS, id).task;
 
-  test('containers run with no runc shim: the task endpoint is tsbox\'s, version 3; exec, logs, exit codes, stats, resources updated, SIGTERM on stop; nothing left', () =>
+  /** The pid of the pod's process (its supervisor), from the file it writes. */
+  const supervisorOf = (id: string): number => Number(readFileSync(path.join(stateLayout(env.tsbox.stateDir).sandboxDir(CRI_NS, id), 'pid'), 'utf8').split(' ')[0]);
+
+  test('containers run with no runc shim: the task endpoint is the pod\'s own socket, version 3; exec, logs, exit codes, stats, resources updated, SIGTERM on stop; nothing left', () =>
     withLogs(async () => {
       const config = env.podConfig('direct');
       const id = await runPod(config, TSBOX_TASK_HANDLER);
       const direct = createSandboxClients(env.tsbox.socketPath, CRI_NS);
       try {
         const status = await direct.controller.call('Status', { sandbox_id: id, sandboxer: TSBOX_HANDLER });
-        assert.equal(status.address, `ttrpc+unix://${taskSocket()}`);
+        assert.equal(status.address, `ttrpc+unix://${taskSocket(id)}`);
         assert.equal(status.version, 3);
       } finally {
         direct.close();
@@ -272,7 +277,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
         .map((line) => JSON.parse(line) as { dir?: string; atOnce?: boolean; runcRootAtOnce?: boolean });
       assert.deepEqual(placed.at(-1), { ...placed.at(-1), dir: path.join(tasksDir, 'tasks'), atOnce: true, runcRootAtOnce: true }, `tsbox's log says where it changes task files: ${JSON.stringify(placed)}`);
       const other = path.join(env.tsbox.dir, 'second');
-      const second = await env.tsbox.run([tsboxMain, 'serve', '--socket', `${other}.sock`, '--state-dir', other, '--containerd-config', env.containerd.paths.configPath, '--task-socket', `${other}-task.sock`, '--task-api-handlers', TSBOX_TASK_HANDLER], 30_000);
+      const second = await env.tsbox.run([tsboxMain, 'serve', '--socket', `${other}.sock`, '--state-dir', other, '--containerd-config', env.containerd.paths.configPath, '--task-api-handlers', TSBOX_TASK_HANDLER], 30_000);
       assert.equal(second.code, 2, `exit ${second.code}; stderr: ${second.stderr}`);
       assert.ok(second.stderr.includes(tasksDir) && second.stderr.includes(`pid ${env.tsbox.pid}`), `the error names ${tasksDir} and pid ${env.tsbox.pid}: ${second.stderr}`);
       // A tsbox of its own state dir and no Task API handler (the shim route only) takes none of
@@ -301,15 +306,15 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       const a = await startContainer(id, config, 'a', 'trap "exit 0" TERM; while true; do sleep 0.2; done');
       const b = await startContainer(id, config, 'b', `${AWAIT_GO_AHEAD} && exit 9`);
       const pids = { a: (await containerState(a)).pid, b: (await containerState(b)).pid };
-      const fronts = frontsNow(env.tsbox.stateDir);
-      assert.equal(fronts.length, 1, 'one task front');
+      const supervisor = supervisorOf(id);
 
       await env.tsbox.restart();
       assert.equal((await exec(a, ['/bin/sh', '-c', 'exit 6'])).code, 6, 'exec after tsbox restarted');
       await env.tsbox.kill9();
-      // While tsbox is down, containerd's pending Waits stay with the front.
+      // While tsbox is down, containerd's pending Waits stay with the pod's process.
       await env.tsbox.start();
-      assert.deepEqual(frontsNow(env.tsbox.stateDir), fronts, 'the same task front, through both restarts');
+      assert.equal(supervisorOf(id), supervisor, "the same pod process, through both restarts");
+      assert.ok(existsSync(`/proc/${supervisor}`), 'which runs');
       for (const [name, c] of [['a', a], ['b', b]] as const) {
         const s = await containerState(c);
         assert.equal(s.state, 'CONTAINER_RUNNING', `${name} still running for CRI`);
@@ -326,23 +331,45 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await removePod(id, [a, b]);
       await assertNothingLeft(id, [a, b]);
     }));
+
+  test("kill -9 of one pod's process ends that pod alone: CRI reports its containers exited and its sandbox not ready, none of its processes is left; another pod's containers run on and are served", () =>
+    withLogs(async () => {
+      const configA = env.podConfig('lost');
+      const a = await runPod(configA, TSBOX_TASK_HANDLER);
+      const a1 = await startContainer(a, configA, 'a1', 'exec sleep 100000');
+      const a2 = await startContainer(a, configA, 'a2', 'trap "" TERM; while true; do sleep 0.2; done');
+      const configB = env.podConfig('bystander');
+      const b = await runPod(configB, TSBOX_TASK_HANDLER);
+      const b1 = await startContainer(b, configB, 'b1', `${AWAIT_GO_AHEAD} && exit 7`);
+      const pidsA = [(await containerState(a1)).pid, (await containerState(a2)).pid];
+      const supervisorB = supervisorOf(b);
+
+      process.kill(supervisorOf(a), 'SIGKILL');
+      for (const c of [a1, a2]) {
+        await waitFor(async () => (await containerState(c)).state === 'CONTAINER_EXITED', { what: `container ${c} of the lost pod exited for CRI` });
+      }
+      await waitFor(async () => (await env.cri.call('PodSandboxStatus', { pod_sandbox_id: a })).status?.state === 'SANDBOX_NOTREADY', { what: 'the lost pod not ready for CRI' });
+      let left: string[] = [];
+      await waitFor(
+        () => {
+          left = [...pidsA.filter((pid) => existsSync(`/proc/${pid}`)).map((pid) => `container process ${pid}`), ...holders().filter((h) => h === a1 || h === a2).map((h) => `holder of ${h}`)];
+          return left.length === 0;
+        },
+        { what: "no process of the lost pod's containers left", describe: () => left.join(', ') },
+      );
+
+      // The other pod noticed nothing: same process, its container served (exec, its own exit code).
+      assert.equal(supervisorOf(b), supervisorB);
+      assert.equal((await env.cri.call('PodSandboxStatus', { pod_sandbox_id: b })).status?.state, 'SANDBOX_READY');
+      assert.equal((await containerState(b1)).state, 'CONTAINER_RUNNING');
+      assert.equal((await exec(b1, GO_AHEAD)).code, 0);
+      await waitFor(async () => (await containerState(b1)).state === 'CONTAINER_EXITED', { what: 'b1 exited' });
+      assert.equal((await containerState(b1)).exitCode, 7, "the other pod's container's own exit code");
+
+      await removePod(a, [a1, a2]);
+      await removePod(b, [b1]);
+      await assertNothingLeft(a, [a1, a2]);
+      await assertNothingLeft(b, [b1]);
+    }));
 });
 
-/**
- * The task front processes of the tsbox of `stateDir` running now (pids), to check that one
- * outlives tsbox (a front of another tsbox on the machine is not counted).
- */
-function frontsNow(stateDir: string): number[] {
-  const fronts: number[] = [];
-  const backend = `\0${path.join(stateDir, 'task-front.sock')}\0`;
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-      if (cmdline.includes('bin/tsbox-front\0') && cmdline.includes(backend)) fronts.push(Number(entry));
-    } catch {
-      continue; // the process ended meanwhile
-    }
-  }
-  return fronts.sort();
-}

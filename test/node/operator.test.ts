@@ -58,12 +58,6 @@ describe('tsbox install, doctor and uninstall under systemd', { timeout: 900_000
   // read containerd's config at its default path.
   after(() => {
     spawnSync('systemctl', ['disable', '--now', 'tsbox.service']);
-    // The task front outlives tsbox by design (KillMode=process): it goes as an operator ends it.
-    try {
-      process.kill(Number(readFileSync('/var/lib/tsbox/task-front.pid', 'utf8').trim()), 'SIGTERM');
-    } catch {
-      // no front was started, or it is gone
-    }
     spawnSync('systemctl', ['stop', 'containerd.service']);
     if (shippedConfig !== undefined) writeFileSync(CONTAINERD_CONFIG, shippedConfig);
     rmSync(DROP_IN, { force: true });

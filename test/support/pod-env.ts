@@ -22,6 +22,7 @@ import {
 } from './containerd-clients.js';
 import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
+import { stateLayout } from '../../src/state/layout.js';
 import { BUSYBOX_IMAGE, importTestImages } from './images.js';
 import {
   type SandboxerCommand,
@@ -130,9 +131,8 @@ export async function startPodEnv(
       if (options.tsboxMain !== undefined) return { ...cmd, args };
       // As an operator runs it: containerd's config is the only containerd setting; tsbox takes
       // containerd's root, state and socket (all in the private containerd's dir) from it.
-      // The Task API route for the pods of TSBOX_TASK_HANDLER, on a socket beside tsbox's own.
-      const taskSocket = path.join(path.dirname(paths.socketPath), 'task.sock');
-      return { ...cmd, args: [...args, '--containerd-config', c.paths.configPath, '--task-socket', taskSocket, '--task-api-handlers', TSBOX_TASK_HANDLER] };
+      // The Task API route for the pods of TSBOX_TASK_HANDLER (a task socket per pod, below the state dir).
+      return { ...cmd, args: [...args, '--containerd-config', c.paths.configPath, '--task-api-handlers', TSBOX_TASK_HANDLER] };
     },
   });
   const work = await makeTempDir('pods-e2e-');
@@ -306,6 +306,8 @@ export function podLeftovers(env: PodEnv, id: string, containerIds: readonly str
     env.criRootDir(id),
     env.criStateDir(id),
     path.join(env.tsbox.stateDir, 'sandboxes', 'k8s.io', id),
+    // The pod's task socket and link, which its process binds on the Task API route.
+    ...Object.values(stateLayout(env.tsbox.stateDir).podSockets('k8s.io', id)),
   ].filter((p) => existsSync(p));
   return { processes: [...new Set(processes)], mounts, cgroups: [...new Set(cgroups)], files };
 }
@@ -468,11 +470,3 @@ export function usePodEnv(
   };
 }
 
-/** The pid of tsbox's task front, 0 when none runs (its pid file is absent). */
-export function taskFrontPid(env: PodEnv): number {
-  try {
-    return Number(readFileSync(path.join(env.tsbox.stateDir, 'task-front.pid'), 'utf8').trim());
-  } catch {
-    return 0; // no front started
-  }
-}

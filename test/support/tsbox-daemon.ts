@@ -274,19 +274,6 @@ export interface SandboxerDaemon {
   teardown(): Promise<number[]>;
 }
 
-/** SIGKILLs the task front tsbox started for this state dir, if one runs; its pid, or undefined. */
-export function killTaskFront(stateDir: string): number | undefined {
-  let pid: number;
-  try {
-    pid = Number(readFileSync(path.join(stateDir, 'task-front.pid'), 'utf8').trim());
-    if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(path.join(stateDir, 'task-front.sock'))) return undefined;
-  } catch {
-    return undefined; // no front was started, or it is gone
-  }
-  signalPid(pid, 'SIGKILL');
-  return pid;
-}
-
 /** tsbox through the harness; the name the integration tests use. */
 export type TsboxDaemon = SandboxerDaemon;
 
@@ -475,8 +462,6 @@ export async function createSandboxerDaemon(spec: SandboxerSpec, options: Sandbo
         closeClients();
         for (const client of ownClients) client.close();
         await daemon.stop({ graceMs: stopGraceMs }).catch((err: unknown) => problems.push(`stop: ${(err as Error).message}`));
-        // The task front outlives tsbox by design (not a leftover): it goes with the test's tsbox.
-        killTaskFront(stateDir);
         if (spec.runsProcesses) {
           killed.push(
             ...(await killSandboxLeftovers(stateDir, [...namespaces], pids).catch((err: unknown) => {

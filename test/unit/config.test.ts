@@ -123,12 +123,10 @@ describe('resolveConfig', () => {
     assert.equal(config.shimPath, resolve('bin/shim'));
   });
 
-  test('the Task API socket sits beside the socket unless the file or a flag sets it', () => {
-    assert.equal(defaultConfig({}, 0).taskSocket, '/run/tsbox/task.sock');
-    assert.equal(resolveConfig({}, { socket: '/srv/a/tsbox.sock' }, BASE).taskSocket, '/srv/a/task.sock');
-    assert.equal(resolveConfig({ socket: '/srv/b/x.sock' }, {}, BASE).taskSocket, '/srv/b/task.sock');
+  test('task_socket, which no build uses any more, is accepted (a config of an earlier build starts) and has no default', () => {
+    assert.equal(defaultConfig({}, 0).taskSocket, undefined);
     assert.equal(resolveConfig({ taskSocket: '/srv/t.sock' }, { socket: '/srv/a/tsbox.sock' }, BASE).taskSocket, '/srv/t.sock');
-    assert.equal(resolveConfig({}, { socket: '/srv/a/tsbox.sock', taskSocket: 'rel/t.sock' }, BASE).taskSocket, resolve('rel/t.sock'));
+    assert.deepEqual(problemsOf(() => resolveConfig({ taskSocket: 'rel/t.sock' }, {}, BASE)), ['task_socket: must be an absolute path']);
   });
 
   test('task_api_handlers: * by default, a list of names, or none', () => {

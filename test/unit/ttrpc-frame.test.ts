@@ -4,9 +4,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded } from '../../src/ttrpc/frame.js';
-import { decodeCancel } from '../../src/ttrpc/front-link.js';
+import { decodeCancel } from '../../src/ttrpc/pod-link.js';
 import { HEADER_BYTES, MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
-import { cancelPayload } from '../support/task-front.js';
+import { cancelPayload } from '../support/pod-relay.js';
 
 function header(length: number, streamId: number, type: number, flags = 0): Buffer {
   const bytes = Buffer.alloc(HEADER_BYTES);
@@ -105,9 +105,9 @@ test('a message over 4 MiB cannot be encoded', () => {
   assert.throws(() => encodeFrame(1, FrameType.Request, Buffer.alloc(MAX_MESSAGE_BYTES + 1)), RangeError);
 });
 
-test('the front\'s cancel payload: stream ids as 4-byte big-endian integers, as tsbox reads them', () => {
-  // The front's whole request, and which requests it refuses to relay, are tested through the
-  // real front (test/integration/front-link.test.ts).
+test('the relay\'s cancel payload: stream ids as 4-byte big-endian integers, as tsbox reads them', () => {
+  // The relay's whole request, and which requests it refuses to relay, are tested through a
+  // real pod's process (test/integration/relay.test.ts).
   const ids = [1, 3, 0xfffffff1];
   assert.deepEqual(decodeCancel(cancelPayload(ids)), ids);
   assert.deepEqual([...cancelPayload([0x01020304])], [1, 2, 3, 4]);

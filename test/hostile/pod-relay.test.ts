@@ -1,12 +1,13 @@
 /**
- * Hostile and broken peers on the task socket as the task front owns it (native/tsbox-front.c),
- * with a ttrpc server behind the front as tsbox sits behind it (test/support/ttrpc-test-server.ts
- * --front), each in a process of its own: garbage, oversized frames, floods from peers that
- * never read, frames left half-sent, thousands of idle connections. After each, a fresh client is
- * answered within FRESH_CALL_MS and the long-lived client (containerd's connection, holding a call
- * the whole time) at once; the front's RSS stays under RSS_BOUND_MIB and its descriptors come
- * back to the baseline. A connection that closes with calls held has them ended in the server
- * behind the front (the front tells it: ttrpc has no cancel). Then the server behind the front is killed and started again: the held
+ * Hostile and broken peers on a pod's task socket as the pod's process owns it (native/relay.c
+ * in native/tsbox-shim.c, relay mode), with a ttrpc server behind the relay as tsbox sits behind
+ * it (test/support/ttrpc-test-server.ts --link), each in a process of its own: garbage,
+ * oversized frames, floods from peers that never read, frames left half-sent, thousands of idle
+ * connections. After each, a fresh client is answered within FRESH_CALL_MS and the long-lived
+ * client (containerd's connection, holding a call the whole time) at once; the relay's RSS
+ * stays under RSS_BOUND_MIB and its descriptors come back to the baseline. A connection that
+ * closes with calls held has them ended in the server behind the relay (the relay tells it:
+ * ttrpc has no cancel). Then the server behind the relay is killed and started again: the held
  * call is neither failed nor lost, and the long-lived connection is served by the new one.
  */
 import assert from 'node:assert/strict';
@@ -16,14 +17,14 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { TtrpcClient } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
-import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
+import { POD_CANCEL, POD_SERVICE } from '../../src/ttrpc/pod-link.js';
+import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor } from '../support/processes.js';
 import { fdCount, sampler } from '../support/resources.js';
-import { FRONT_CANCEL, FRONT_SERVICE } from '../../src/ttrpc/front-link.js';
-import { MAX_FRONT_CONNECTIONS, MAX_PENDING_BYTES, cancelPayload, tsboxFront } from '../support/task-front.js';
+import { MAX_CONNECTIONS, MAX_PENDING_BYTES, type PodProcess, cancelPayload, startPod } from '../support/pod-relay.js';
 import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
-/** The front's RSS bound during every attack; idle it is about 1 MiB. */
+/** The relay's RSS bound during every attack; idle the pod's process is about 1 MiB. */
 const RSS_BOUND_MIB = 256;
 const FRESH_CALL_MS = 1000;
 const CONNECT_BATCH = 250;
@@ -31,37 +32,36 @@ const MiB = 1024 * 1024;
 
 const support = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'support');
 
-describe('hostile peers on the task front', () => {
+describe('hostile peers on a pod\'s relay', () => {
   let dir = '';
   let socketPath = '';
-  let backendPath = '';
-  let front: ManagedProcess | undefined;
+  let pod: PodProcess | undefined;
   let backend: ManagedProcess | undefined;
   let longLived: TtrpcClient | undefined;
   let held: Promise<unknown> | undefined;
   let heldSettled = false;
   let baselineFds = 0;
 
-  const frontPid = (): number => {
-    assert.ok(front !== undefined && front.exitInfo() === undefined, `the front is gone\n${tailFile(path.join(dir, 'front.log'))}`);
-    return front.pid;
+  const relayPid = (): number => {
+    assert.ok(pod !== undefined && pod.supervisor.exitInfo() === undefined, `the pod's process is gone\n${tailFile(pod?.relayLog ?? '')}`);
+    return pod.supervisor.pid;
   };
 
-  /** Starts the server behind the front and waits until it serves. */
+  const relayLog = (): string => tailFile(pod?.relayLog ?? '');
+
+  /** Starts the server behind the relay and waits until it serves. */
   async function startBackend(n: number): Promise<ManagedProcess> {
+    assert.ok(pod !== undefined);
     const logPath = path.join(dir, `backend-${n}.log`);
-    const p = await spawnLogged(process.execPath, [path.join(support, 'ttrpc-test-server.js'), '--front', backendPath], { logPath });
-    await waitFor(() => readFileSync(logPath, 'utf8').includes('ready'), { what: 'the server behind the front is ready', timeoutMs: 10_000, describe: () => tailFile(logPath) });
+    const p = await spawnLogged(process.execPath, [path.join(support, 'ttrpc-test-server.js'), '--link', pod.link], { logPath });
+    await waitFor(() => readFileSync(logPath, 'utf8').includes('ready'), { what: 'the server behind the relay is ready', timeoutMs: 10_000, describe: () => tailFile(logPath) });
     return p;
   }
 
   before(async () => {
-    dir = await makeTempDir('tsbox-front-h-');
-    socketPath = path.join(dir, 'task.sock');
-    backendPath = path.join(dir, 'backend.sock');
-    const logPath = path.join(dir, 'front.log');
-    front = await spawnLogged(tsboxFront, ['--listen', socketPath, '--backend', backendPath, '--log-level', 'warn'], { logPath });
-    await waitForSocket(front, socketPath, { name: 'task front', logTail: () => tailFile(logPath) });
+    dir = await makeTempDir('tsbox-relay-h-');
+    pod = await startPod(dir);
+    socketPath = pod.taskSocket;
     backend = await startBackend(1);
     longLived = await TtrpcClient.connect(socketPath);
     held = longLived.call(TEST_SERVICE, 'Hold', Buffer.alloc(0)).finally(() => {
@@ -69,13 +69,13 @@ describe('hostile peers on the task front', () => {
     });
     held.catch(() => /* checked by the tests */ undefined);
     assert.equal((await longLived.call(TEST_SERVICE, 'Echo', Buffer.from('up'))).toString(), 'up');
-    baselineFds = fdCount(frontPid());
+    baselineFds = fdCount(relayPid());
   });
 
   after(async () => {
     longLived?.close();
     if (backend !== undefined) await stopProcess(backend, { graceMs: 5000 });
-    if (front !== undefined) await stopProcess(front, { graceMs: 5000 });
+    if (pod !== undefined) await pod.stop();
     await removeTree(dir);
   });
 
@@ -93,7 +93,7 @@ describe('hostile peers on the task front', () => {
   }
 
   async function attack(name: string, run: () => Promise<void>): Promise<void> {
-    const p = frontPid();
+    const p = relayPid();
     const samples = sampler(p);
     let stopped = { maxRss: 0, maxFds: 0 };
     try {
@@ -103,10 +103,10 @@ describe('hostile peers on the task front', () => {
     }
     await waitFor(() => fdCount(p) <= baselineFds, { what: `${name}: descriptors back to ${baselineFds} (now ${fdCount(p)})`, timeoutMs: 20_000, intervalMs: 50 });
     const ms = await probe();
-    process.stdout.write(`# front ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
+    process.stdout.write(`# relay ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
     assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB})`);
-    assert.ok(stopped.maxFds <= baselineFds + MAX_FRONT_CONNECTIONS + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
-    assert.equal(frontPid(), p);
+    assert.ok(stopped.maxFds <= baselineFds + MAX_CONNECTIONS + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
+    assert.equal(relayPid(), p);
     assert.equal(heldSettled, false, `${name}: the long-lived connection's pending call ended`);
     assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('still'), { timeoutMs: 5000 }))?.toString(), 'still');
   }
@@ -141,21 +141,21 @@ describe('hostile peers on the task front', () => {
       }
     }));
 
-  test(`3 000 idle connections: at most ${MAX_FRONT_CONNECTIONS} kept, containerd's connection never the one closed`, () =>
+  test(`3 000 idle connections: at most ${MAX_CONNECTIONS} kept, containerd's connection never the one closed`, () =>
     attack('idle connections', async () => {
       const conns = await openMany(() => RawTtrpc.connect(socketPath, { keepResponses: false }), 3000, () => undefined, CONNECT_BATCH);
       try {
         for (let n = 0; n < 3; n++) await probe();
         const open = conns.filter((c) => !c.closed).length;
-        assert.ok(open <= MAX_FRONT_CONNECTIONS, `${open} idle connections open, more than the bound of ${MAX_FRONT_CONNECTIONS}`);
+        assert.ok(open <= MAX_CONNECTIONS, `${open} idle connections open, more than the bound of ${MAX_CONNECTIONS}`);
       } finally {
         for (const conn of conns) conn.destroy();
       }
     }));
 
-  test(`a client whose held calls fill the front's ${MAX_PENDING_BYTES / MiB} MiB for calls: it is the one closed when containerd's connection calls, not containerd's`, () =>
+  test(`a client whose held calls fill the relay's ${MAX_PENDING_BYTES / MiB} MiB for calls: it is the one closed when containerd's connection calls, not containerd's`, () =>
     attack('kept bytes', async () => {
-      // Held calls of nearly the largest message each, the last sized so that what the front
+      // Held calls of nearly the largest message each, the last sized so that what the relay
       // keeps (the long-lived connection's held call, these, and a small Echo sent after them)
       // comes to 16 bytes short of its bound; once that Echo is answered, every one of these
       // is kept (frames are taken in order), and containerd's next call goes over the bound.
@@ -187,7 +187,7 @@ describe('hostile peers on the task front', () => {
         await waitFor(() => hostile.response(markerId), {
           what: 'the Echo sent after the held calls answered',
           timeoutMs: 20_000,
-          describe: () => `client closed: ${String(hostile.closed)}\n${tailFile(path.join(dir, 'front.log'))}`,
+          describe: () => `client closed: ${String(hostile.closed)}\n${relayLog()}`,
         });
         assert.equal(hostile.closed, false, 'the client was closed while its calls fitted the bound');
         // containerd's connection calls: over the bound, and the client keeping the most goes.
@@ -197,12 +197,12 @@ describe('hostile peers on the task front', () => {
       } finally {
         hostile.destroy();
       }
-      // Its calls are ended in the server behind the front; the long-lived connection's stays.
+      // Its calls are ended in the server behind the relay; the long-lived connection's stays.
       const left = await longLived?.call(TEST_SERVICE, 'HeldAtMost', Buffer.from('1'), { timeoutMs: 10_000 });
       assert.equal(left?.toString(), '1', 'only the long-lived connection\'s call is held');
     }));
 
-  test('a connection closed with calls held: the server behind the front ends them, the long-lived connection\'s stays', async () => {
+  test('a connection closed with calls held: the server behind the relay ends them, the long-lived connection\'s stays', async () => {
     const client = await TtrpcClient.connect(socketPath);
     const calls = Array.from({ length: 20 }, () => client.call(TEST_SERVICE, 'Hold', Buffer.alloc(0)).then(
         () => 'answered',
@@ -222,11 +222,11 @@ describe('hostile peers on the task front', () => {
     assert.equal(heldSettled, false);
   });
 
-  test('a client calling the front\'s own cancel: closed by the front, no call of another client ends', async () => {
+  test('a client calling the relay\'s own cancel: closed by the relay, no call of another client ends', async () => {
     const ids = Array.from({ length: 5000 }, (_, i) => 2 * i + 1);
     const conn = await RawTtrpc.connect(socketPath, { keepResponses: false });
     try {
-      await conn.write(requestFrame(1, FRONT_SERVICE, FRONT_CANCEL, cancelPayload(ids)));
+      await conn.write(requestFrame(1, POD_SERVICE, POD_CANCEL, cancelPayload(ids)));
       assert.ok(await conn.closedWithin(5000), 'the connection stayed open');
     } finally {
       conn.destroy();
@@ -236,7 +236,7 @@ describe('hostile peers on the task front', () => {
     assert.equal(heldSettled, false);
   });
 
-  test('the server behind the front killed and started again: the held call is kept, not failed, and calls go on', async () => {
+  test('the server behind the relay killed and started again: the held call is kept, not failed, and calls go on', async () => {
     assert.ok(backend !== undefined);
     await stopProcess(backend, { graceMs: 0 });
     // Meanwhile containerd's connection asks again: the answer waits for the next server.
@@ -246,9 +246,9 @@ describe('hostile peers on the task front', () => {
     assert.equal(heldSettled, false, 'the held call is neither answered nor failed');
     await stopProcess(backend, { graceMs: 5000 });
     backend = await startBackend(3);
-    // Answers reach a connection in the order the front gets them: one from the server that
+    // Answers reach a connection in the order the relay gets them: one from the server that
     // shut down would have come before this one.
     assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('third'), { timeoutMs: 5000 }))?.toString(), 'third');
-    assert.equal(heldSettled, false, 'a server shutting down leaves the front\'s calls to the next one');
+    assert.equal(heldSettled, false, 'a server shutting down leaves the relay\'s calls to the next one');
   });
 });

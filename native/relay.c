@@ -1,59 +1,48 @@
 /*
- * tsbox-front: the task front.
- *
- * The process that owns the Task API socket and containerd's connections to it, so that a
- * restart of tsbox — planned or a crash — breaks none of them. containerd's ttrpc client
- * never redials, and CRI takes a broken Wait for the container's exit: whoever holds those
- * connections must outlive tsbox. tsbox starts it, detached in a session of its own, when
- * none answers on the backend socket (src/tasks/serve.ts).
- *
- * Usage: tsbox-front --listen TASK_SOCKET --backend BACKEND_SOCKET [--pid-file FILE]
- *                    [--log-level LEVEL] [--log-file FILE [--log-max-bytes N] [--log-check-ms N]]
+ * relay: the ttrpc relay between containerd's connections to a pod's task socket and tsbox's
+ * link to the pod (relay.h for the API; native/tsbox-shim.c runs it in each pod's supervisor).
  *
  * It knows ttrpc's framing (a 10-byte header: payload length u32, stream id u32, type u8,
  * flags u8, big-endian; payloads of 4 MiB at most, ttrpc's messageLengthMax) and nothing
- * else. Each request from containerd gets a stream id of the front's own (odd, increasing)
- * and goes to tsbox over one connection tsbox opens to the backend socket (a newer one
- * replaces an older one); each answer goes back to the connection and stream it came from.
- * Requests not yet answered are kept, and sent again, in order and numbered from 1, to the
- * next tsbox that connects: containerd sees a slow answer, never a failure. tsbox's handlers
- * give the same answer to a request seen twice (src/tasks/tasks.ts). When a connection of
- * containerd's closes with calls unanswered, tsbox is told with a request of the front's own,
- * tsbox.front.v1.Front/Cancel, whose payload is their stream ids as 4-byte big-endian
- * integers (src/ttrpc/front-link.ts); a client that names that service itself is closed.
+ * else. Each request from containerd gets a stream id of the relay's own (odd, increasing) and
+ * goes to tsbox over one connection tsbox opens to the link socket (a newer one replaces an
+ * older one); each answer goes back to the connection and stream it came from.
  *
- * Every resource a client can make the front hold is bounded: connections (past the bound the
+ * The private protocol (src/ttrpc/pod-link.ts) is ttrpc requests of the relay's own to a service
+ * no client of the task socket may call (a client that names it is closed):
+ *   Hello   the first frame on every new link connection, on stream id 1: its payload is the
+ *           protocol's version in ASCII decimal. tsbox answers OK, or an error after which it
+ *           closes the link.
+ *   Cancel  a connection of containerd's has closed with calls unanswered: its payload is their
+ *           stream ids (on the link) as 4-byte big-endian integers, so that tsbox ends them.
+ * Answers to the relay's own requests match no call and are dropped. Requests not yet answered
+ * are kept, and sent again after the Hello, in order and numbered from 3, to the next tsbox that
+ * connects: containerd sees a slow answer, never a failure. tsbox's handlers give the same
+ * answer to a request seen twice (src/tasks/tasks.ts).
+ *
+ * Every resource a client can make the relay hold is bounded: connections (past the bound the
  * one idle longest with no call waiting is closed), calls kept, bytes of frames not yet whole
  * (past the bound the connection holding the most is closed), the time a frame has to arrive
  * whole, answers a client leaves unread (past the bound it is not read until it reads them),
  * and requests tsbox leaves unread (past the bound no client is read until it reads them).
+ * Idle, the loop sleeps without a timer: frames in progress or a resting listener arm one.
  *
- * Both sockets are made as tsbox makes its own (src/transport/socket.ts): their directory is
- * created, a socket file nobody serves is replaced, one somebody serves or anything that is
- * not a socket is an error; mode 0600. The pid file is written once both listen.
- *
- * It logs JSON lines on stdout, as tsbox's logger (pino) writes them. tsbox points stdout at
- * <state>/task-front.log, opened for appending, and names that file with --log-file: past
- * --log-max-bytes (8 MiB by default, at least 1024) it is copied to FILE.1 and cut to nothing,
- * checked at start and every --log-check-ms (60 000 by default, at least 10). SIGHUP and
- * SIGINT are ignored (logged); SIGTERM ends it, exit 0. It exits 1 when it cannot start (the
- * reason logged at level fatal), 2 on a command line it does not take.
+ * The log: JSON lines as tsbox's logger (pino) writes them, appended to a file the relay opens;
+ * past its bound the file is moved to <log>.1 (the previous copy replaced) and started again.
  */
 #define _GNU_SOURCE
+#include "relay.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <malloc.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -68,18 +57,18 @@
 #define TYPE_RESPONSE 2
 #define TYPE_DATA 3
 
-/* Connections from containerd at most (one per task, plus its reloads). */
-#define MAX_FRONT_CONNECTIONS 1024
+/* Connections from containerd at most (one per task of the pod, plus its reloads). */
+#define MAX_CONNECTIONS 1024
 /* Requests kept unanswered at most (Waits: one per container and exec). */
 #define MAX_PENDING 16384
 /*
  * Bytes of requests kept unanswered at most: containerd's are a few KiB (a Create with its
- * spec some tens), so sixteen maximal messages is far beyond any node's, and a client cannot
- * make the front keep 16 384 messages of 4 MiB while no tsbox reads them.
+ * spec some tens), so sixteen maximal messages is far beyond any pod's, and a client cannot
+ * make the relay keep 16 384 messages of 4 MiB while no tsbox reads them.
  */
 #define MAX_PENDING_BYTES (16ull * MAX_MESSAGE_BYTES)
 /*
- * The front's stream ids on tsbox's connection must increase (ttrpc's rule); past this one the
+ * The relay's stream ids on tsbox's connection must increase (ttrpc's rule); past this one the
  * connection to tsbox is closed and the next one starts again from 1 (about a year of calls).
  */
 #define LAST_STREAM_ID 0xfffffff0ull
@@ -90,15 +79,19 @@
 /* Answers a client may leave unread before it is not read either (src/ttrpc/peer.ts). */
 #define MAX_QUEUED_OUTPUT_BYTES (1024u * 1024)
 /* Requests tsbox may leave unread before no client is read: two maximal messages. */
-#define MAX_BACKEND_QUEUED_BYTES (2u * MAX_MESSAGE_BYTES)
-/* How often frame deadlines are checked: a tenth of the deadline. */
+#define MAX_LINK_QUEUED_BYTES (2u * MAX_MESSAGE_BYTES)
+/* How often frame deadlines are checked while a frame is in progress: a tenth of the deadline. */
 #define SWEEP_MS 1000
-#define READ_CHUNK 65536
+/* One buffer for every read: a pod's requests are a few KiB, and only its touched pages count. */
+#define READ_CHUNK 16384
 #define LISTEN_BACKLOG 511
-#define PENDING_BUCKETS 4096
+/* A pod keeps a few calls: a small table, whose chains only an abuse makes long. */
+#define PENDING_BUCKETS 256
 
-static const char FRONT_SERVICE[] = "tsbox.front.v1.Front";
-static const char FRONT_CANCEL[] = "Cancel";
+static const char HELLO[] = "Hello";
+static const char CANCEL[] = "Cancel";
+
+static const struct relay_options *opts;
 
 /* ---- time ---- */
 
@@ -111,13 +104,16 @@ static int64_t now_ms(void) {
 
 /* ---- logging: JSON lines as pino writes them ---- */
 
-enum { LEVEL_TRACE = 10, LEVEL_DEBUG = 20, LEVEL_INFO = 30, LEVEL_WARN = 40, LEVEL_ERROR = 50, LEVEL_FATAL = 60, LEVEL_SILENT = 1000 };
-static int log_level = LEVEL_INFO;
+static int log_fd = -1;
+/* Bytes in the log: what it held when opened, and every line since (nobody else writes it). */
+static unsigned long long log_size;
+static unsigned long long log_max;
+static int log_rotating;
 
 struct line {
-  char text[8192];
   size_t len;
-  int level;
+  /* Lines are short: messages, numbers and a path or two; a longer one loses its tail. */
+  char text[4096];
 };
 
 static void line_raw(struct line *l, const char *s, size_t n) {
@@ -158,16 +154,14 @@ static void line_json_string(struct line *l, const char *s, size_t keep) {
   line_raw(l, "\"", 1);
 }
 
-/* Starts a line at `level`: false when the level is not logged. */
+/* Starts a line at `level`: false when there is no log to write it to. */
 static int log_begin(struct line *l, int level) {
-  if (level < log_level) return 0;
+  if (log_fd < 0) return 0;
   struct timespec ts;
   struct tm tm;
   if (clock_gettime(CLOCK_REALTIME, &ts) < 0 || gmtime_r(&ts.tv_sec, &tm) == NULL) abort(); /* cannot fail */
-  l->len = 0;
-  l->level = level;
-  int n = snprintf(l->text, sizeof l->text, "{\"level\":%d,\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"name\":\"tsbox\",\"component\":\"task-front\"",
-                   level, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+  int n = snprintf(l->text, sizeof l->text, "{\"level\":%d,\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"name\":\"tsbox\",\"component\":\"pod-relay\",\"pid\":%ld",
+                   level, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (long)getpid());
   l->len = (size_t)n;
   return 1;
 }
@@ -216,6 +210,8 @@ static void log_errno(struct line *l, int e, const char *syscall, const char *pa
   line_str(l, "}");
 }
 
+static void rotate_log(void);
+
 static void log_end(struct line *l, const char *msg) {
   log_field(l, "msg", msg, 0);
   /* Into the two bytes line_raw keeps back, so that a line cut short still ends the object and the line. */
@@ -225,24 +221,106 @@ static void log_end(struct line *l, const char *msg) {
   size_t off = 0;
   int tries = 0;
   while (off < l->len) {
-    ssize_t n = write(STDOUT_FILENO, l->text + off, l->len - off);
+    ssize_t n = write(log_fd, l->text + off, l->len - off);
     if (n >= 0) {
       off += (size_t)n;
       continue;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN && tries++ < 10) {
-      struct pollfd p = {.fd = STDOUT_FILENO, .events = POLLOUT};
-      if (poll(&p, 1, 100) < 0 && errno != EINTR) return; /* nothing to wait on: drop the line */
+      struct pollfd p = {.fd = log_fd, .events = POLLOUT};
+      if (poll(&p, 1, 100) < 0 && errno != EINTR) break; /* nothing to wait on: drop the rest */
       continue;
     }
-    return;
+    break;
   }
+  log_size += off;
+  if (log_size > log_max && !log_rotating) rotate_log();
 }
 
 static void log_msg(int level, const char *msg) {
   struct line l;
   if (log_begin(&l, level)) log_end(&l, msg);
+}
+
+void relay_log(int level, const char *msg, const char *key, long long value) {
+  struct line l;
+  if (!log_begin(&l, level)) return;
+  if (key != NULL) log_num(&l, key, value);
+  log_end(&l, msg);
+}
+
+void relay_log_errno(int level, const char *msg, int err, const char *syscall, const char *path) {
+  struct line l;
+  if (!log_begin(&l, level)) return;
+  log_errno(&l, err, syscall, path);
+  log_end(&l, msg);
+}
+
+/* Out of memory ends the process (as Node's would): nothing the relay holds can be trusted. */
+static void out_of_memory(void) {
+  log_msg(RELAY_FATAL, "pod relay out of memory");
+  _exit(1);
+}
+
+/*
+ * Opens (creates) the log for appending; -1 with errno. The descriptor keeps its number across
+ * a rotation, so that nothing else needs to learn of it.
+ */
+static int open_log(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+  if (fd < 0) return -1;
+  struct stat st;
+  int bad = fstat(fd, &st) < 0 ? errno : !S_ISREG(st.st_mode) ? EINVAL : 0;
+  if (bad != 0) {
+    (void)close(fd); /* the check already failed; `bad` says why */
+    errno = bad;
+    return -1;
+  }
+  if (log_fd >= 0) {
+    if (dup3(fd, log_fd, O_CLOEXEC) < 0) {
+      int saved = errno;
+      (void)close(fd); /* the dup already failed; errno says why */
+      errno = saved;
+      return -1;
+    }
+    if (close(fd) < 0 && errno != EINTR) { /* the copy in log_fd is the one in use */ }
+  } else {
+    log_fd = fd;
+  }
+  log_size = (unsigned long long)st.st_size;
+  return 0;
+}
+
+/*
+ * Past its bound the log is moved to <log>.1 (the previous copy replaced) and a new one opened
+ * in its place. A failure is logged (to the log as it is) and tried again at the next line past
+ * the bound. A log someone removed is simply opened again.
+ */
+static void rotate_log(void) {
+  char kept[PATH_MAX];
+  unsigned long long bytes = log_size;
+  const char *syscall = "rename", *path = opts->log_path;
+  log_rotating = 1;
+  if ((size_t)snprintf(kept, sizeof kept, "%s.1", opts->log_path) >= sizeof kept) {
+    errno = ENAMETOOLONG;
+    goto failed;
+  }
+  if (rename(opts->log_path, kept) < 0 && errno != ENOENT) goto failed;
+  syscall = "open";
+  if (open_log(opts->log_path) < 0) goto failed;
+  struct line l;
+  if (log_begin(&l, RELAY_INFO)) {
+    log_str(&l, "path", opts->log_path);
+    log_num(&l, "bytes", (long long)bytes);
+    log_str(&l, "kept", kept);
+    log_end(&l, "log file cut: what it held is in the kept copy");
+  }
+  log_rotating = 0;
+  return;
+failed:
+  relay_log_errno(RELAY_WARN, "cannot cut the log file", errno, syscall, path);
+  log_rotating = 0;
 }
 
 /* ---- byte queues ---- */
@@ -261,7 +339,7 @@ static void buf_free(struct buf *b) {
   memset(b, 0, sizeof *b);
 }
 
-/* Appends; the caller bounds what it appends. Out of memory ends the front (as Node's would). */
+/* Appends; the caller bounds what it appends. */
 static void buf_append(struct buf *b, const void *bytes, size_t n) {
   if (b->len + n > b->cap && b->head > 0) {
     memmove(b->data, b->data + b->head, b->len - b->head);
@@ -272,10 +350,7 @@ static void buf_append(struct buf *b, const void *bytes, size_t n) {
     size_t cap = b->cap < 4096 ? 4096 : b->cap;
     while (cap < b->len + n) cap *= 2;
     unsigned char *data = realloc(b->data, cap);
-    if (data == NULL) {
-      log_msg(LEVEL_FATAL, "task front out of memory");
-      _exit(1);
-    }
+    if (data == NULL) out_of_memory();
     b->data = data;
     b->cap = cap;
   }
@@ -377,10 +452,7 @@ static int decoder_next(struct decoder *d, int keep_type, const unsigned char *c
         /* Grown as the payload arrives: a header alone never costs its announced length. */
         size_t cap = HEADER_BYTES + (d->length < 4096 ? d->length : 4096);
         d->frame = malloc(cap);
-        if (d->frame == NULL) {
-          log_msg(LEVEL_FATAL, "task front out of memory");
-          _exit(1);
-        }
+        if (d->frame == NULL) out_of_memory();
         d->cap = cap;
         memcpy(d->frame, d->header, HEADER_BYTES);
       }
@@ -394,10 +466,7 @@ static int decoder_next(struct decoder *d, int keep_type, const unsigned char *c
         if (cap < need) cap = need;
         if (cap > HEADER_BYTES + (size_t)d->length) cap = HEADER_BYTES + d->length;
         unsigned char *frame = realloc(d->frame, cap);
-        if (frame == NULL) {
-          log_msg(LEVEL_FATAL, "task front out of memory");
-          _exit(1);
-        }
+        if (frame == NULL) out_of_memory();
         d->frame = frame;
         d->cap = cap;
       }
@@ -575,20 +644,22 @@ static int pb_message(struct pb *r, uint64_t end, int request, uint64_t *service
 }
 
 /*
- * True when a request's payload calls the front's own service: no client of the task socket
- * may, or it could end other clients' calls. What does not decode is not one (tsbox answers
- * it as the request it is not), so the same bytes are read as tsbox reads them.
+ * True when a request's payload calls one of the private services: no client of the task
+ * socket may, or it could end other clients' calls. What does not decode is not one (tsbox
+ * answers it as the request it is not), so the same bytes are read as tsbox reads them.
  */
-static int names_front_service(const unsigned char *payload, size_t len) {
+static int names_private_service(const unsigned char *payload, size_t len) {
   struct pb r = {.buf = payload, .len = len, .pos = 0};
   uint64_t service = 0, service_len = 0;
   if (pb_message(&r, len, 1, &service, &service_len) < 0) return 0;
-  return service_len == sizeof FRONT_SERVICE - 1 && memcmp(payload + service, FRONT_SERVICE, service_len) == 0;
+  for (const char *const *s = opts->services; *s != NULL; s++)
+    if (service_len == strlen(*s) && memcmp(payload + service, *s, service_len) == 0) return 1;
+  return 0;
 }
 
 /* ---- connections ---- */
 
-enum { KIND_TASK_LISTENER, KIND_BACKEND_LISTENER, KIND_SIGNALS, KIND_CLIENT, KIND_BACKEND };
+enum { KIND_TASK_LISTENER, KIND_LINK_LISTENER, KIND_CALLER, KIND_CLIENT, KIND_LINK };
 
 struct endpoint {
   int kind;
@@ -617,39 +688,56 @@ struct client {
 
 /* A request relayed to tsbox and not yet answered. */
 struct pending {
-  uint64_t id; /* the front's stream id on tsbox's connection */
+  uint64_t id; /* the relay's stream id on tsbox's connection */
   struct client *conn;
   uint32_t stream_id; /* the client's */
   struct pending *prev, *next;           /* all, in the order of their ids */
   struct pending *conn_prev, *conn_next; /* the client's */
   struct pending *hash_next;
   size_t len;
-  unsigned char *frame; /* as relayed: bytes 4–7 are the front's stream id */
+  unsigned char *frame; /* as relayed: bytes 4–7 are the relay's stream id */
 };
 
-/* tsbox's connection to the backend socket. */
-struct backend {
+/* tsbox's connection to the link socket. */
+struct link {
   struct endpoint ep;
-  struct backend *dead_next;
+  struct link *dead_next;
   struct decoder dec;
   uint32_t events;
   struct buf out;
 };
 
+/* A descriptor of the caller's, with what to run when it is readable. */
+struct caller {
+  struct endpoint ep;
+  void (*ready)(void *arg);
+  void *arg;
+};
+
+/* A socket relay_listen bound, known by its inode so that only it is ever removed. */
+struct bound {
+  const char *path;
+  dev_t dev;
+  ino_t ino;
+  int made;
+};
+
 static int epfd = -1;
 static struct endpoint task_listener = {KIND_TASK_LISTENER, -1};
-static struct endpoint backend_listener = {KIND_BACKEND_LISTENER, -1};
-static struct endpoint signals = {KIND_SIGNALS, -1};
+static struct endpoint link_listener = {KIND_LINK_LISTENER, -1};
+static struct bound task_bound, link_bound;
 /* Kept open to be given up when descriptors run out, so that a connection can be refused. */
 static int spare_fd = -1;
 /* Listeners whose accept failed for want of resources: not watched until the next sweep. */
 static int listeners_resting;
+static int stopping, stop_code;
 
+static unsigned char chunk[READ_CHUNK];
 static struct client *clients_head, *clients_tail;
 static size_t nclients;
 static struct client *dead_clients;
-static struct backend *tsbox;
-static struct backend *dead_backends;
+static struct link *tsbox;
+static struct link *dead_links;
 static struct pending *pending_head, *pending_tail;
 static struct pending *pending_table[PENDING_BUCKETS];
 static size_t npending;
@@ -657,23 +745,31 @@ static uint64_t pending_bytes;
 static uint64_t next_id = 1;
 static uint64_t partial_bytes;
 /* tsbox leaves too many requests unread: no client is read until it reads them. */
-static int backend_full;
+static int link_full;
 
-static void watch(struct endpoint *ep, uint32_t events, int op) {
+/* Sets what epoll reports for `ep`; -1 (logged) when the kernel refuses. */
+static int watch(struct endpoint *ep, uint32_t events, int op) {
   struct epoll_event ev = {.events = events, .data.ptr = ep};
-  if (epoll_ctl(epfd, op, ep->fd, &ev) < 0) {
-    struct line l;
-    if (log_begin(&l, LEVEL_FATAL)) {
-      log_errno(&l, errno, "epoll_ctl", NULL);
-      log_end(&l, "task front cannot watch a descriptor");
-    }
-    _exit(1);
-  }
+  if (epoll_ctl(epfd, op, ep->fd, &ev) == 0) return 0;
+  relay_log_errno(RELAY_ERROR, "cannot watch a descriptor", errno, "epoll_ctl", NULL);
+  return -1;
 }
+
+/*
+ * A connection that cannot be watched as it must be would hang: it is shut down, and epoll
+ * (which reports a hang-up whatever it was asked for) brings it to the loop, which closes it
+ * as any connection whose peer went away. Closing it here could reenter the caller's walk.
+ */
+static void rewatch(struct endpoint *ep, uint32_t events) {
+  if (watch(ep, events, EPOLL_CTL_MOD) == 0) return;
+  if (shutdown(ep->fd, SHUT_RDWR) < 0) relay_log_errno(RELAY_ERROR, "cannot shut down a connection", errno, "shutdown", NULL);
+}
+
+static void link_close(struct link *b, const char *why_syscall, int err);
 
 static uint32_t client_wanted(const struct client *c) {
   uint32_t events = 0;
-  if (!c->paused && !backend_full) events |= EPOLLIN;
+  if (!c->paused && !link_full) events |= EPOLLIN;
   if (buf_size(&c->out) > 0) events |= EPOLLOUT;
   return events;
 }
@@ -682,11 +778,11 @@ static void client_rewatch(struct client *c) {
   uint32_t events = client_wanted(c);
   if (events == c->events) return;
   c->events = events;
-  watch(&c->ep, events, EPOLL_CTL_MOD);
+  rewatch(&c->ep, events);
 }
 
 /* A client not read now: its frame in progress cannot be blamed on it meanwhile. */
-static int client_held(const struct client *c) { return c->paused || backend_full; }
+static int client_held(const struct client *c) { return c->paused || link_full; }
 
 static struct pending **pending_slot(uint64_t id) { return &pending_table[(id >> 1) % PENDING_BUCKETS]; }
 
@@ -745,20 +841,20 @@ static int send_queued(int fd, struct buf *out) {
   return 0;
 }
 
-static void backend_close(struct backend *b, const char *why_syscall, int err);
-
-static void backend_rewatch(struct backend *b) {
+static void link_rewatch(struct link *b) {
   uint32_t events = EPOLLIN | (buf_size(&b->out) > 0 ? EPOLLOUT : 0);
   if (events == b->events) return;
   b->events = events;
-  watch(&b->ep, events, EPOLL_CTL_MOD);
+  rewatch(&b->ep, events);
 }
 
-static void set_backend_full(int full) {
-  if (full == backend_full) return;
-  backend_full = full;
+static void set_link_full(int full) {
+  if (full == link_full) return;
+  link_full = full;
   int64_t now = now_ms();
-  for (struct client *c = clients_head; c != NULL; c = c->next) {
+  struct client *next;
+  for (struct client *c = clients_head; c != NULL; c = next) {
+    next = c->next;
     /* It could not send while it was not read: its frame's clock starts again. */
     if (!full && !c->paused && c->frame_started_at != 0) c->frame_started_at = now;
     client_rewatch(c);
@@ -766,87 +862,91 @@ static void set_backend_full(int full) {
 }
 
 /* Writes what is queued for tsbox; returns -1 when the connection failed (it is closed). */
-static int backend_flush(struct backend *b) {
+static int link_flush(struct link *b) {
   if (send_queued(b->ep.fd, &b->out) < 0) {
-    backend_close(b, "write", errno);
+    link_close(b, "write", errno);
     return -1;
   }
-  backend_rewatch(b);
-  if (buf_size(&b->out) <= MAX_BACKEND_QUEUED_BYTES && b == tsbox) set_backend_full(0);
+  link_rewatch(b);
+  if (buf_size(&b->out) <= MAX_LINK_QUEUED_BYTES && b == tsbox) set_link_full(0);
   return 0;
 }
 
 /* Sends bytes to tsbox (queued when its socket is full); past the bound no client is read. */
-static void backend_write(struct backend *b, const void *bytes, size_t n) {
+static void link_write(struct link *b, const void *bytes, size_t n) {
   int was_empty = buf_size(&b->out) == 0;
   buf_append(&b->out, bytes, n);
-  if (was_empty && backend_flush(b) < 0) return;
-  if (buf_size(&b->out) > MAX_BACKEND_QUEUED_BYTES) set_backend_full(1);
+  if (was_empty && link_flush(b) < 0) return;
+  if (buf_size(&b->out) > MAX_LINK_QUEUED_BYTES) set_link_full(1);
 }
 
-static void backend_close(struct backend *b, const char *why_syscall, int err) {
+static void link_close(struct link *b, const char *why_syscall, int err) {
   if (b->ep.fd < 0) return;
-  if (why_syscall != NULL) {
-    struct line l;
-    if (log_begin(&l, LEVEL_DEBUG)) {
-      log_errno(&l, err, why_syscall, NULL);
-      log_end(&l, "tsbox connection error");
-    }
-  }
   if (close(b->ep.fd) < 0 && errno != EINTR) { /* the descriptor is released whatever close says */ }
   b->ep.fd = -1;
   buf_free(&b->out);
   decoder_free(&b->dec);
-  b->dead_next = dead_backends;
-  dead_backends = b;
+  b->dead_next = dead_links;
+  dead_links = b;
   if (tsbox == b) {
     tsbox = NULL;
-    set_backend_full(0);
+    set_link_full(0);
   }
   struct line l;
-  if (log_begin(&l, LEVEL_INFO)) {
+  if (log_begin(&l, RELAY_INFO)) {
+    if (why_syscall != NULL) log_errno(&l, err, why_syscall, NULL);
     log_num(&l, "pending", (long long)npending);
     log_end(&l, "tsbox disconnected: its unanswered calls wait for the next one");
   }
 }
 
-/* The request telling tsbox that the calls on `c`'s kept stream ids are abandoned (front-link.ts). */
-static void send_cancel(struct backend *b, uint64_t id, const struct client *c) {
-  size_t ids_len = 4 * c->nids;
+/* Appends a protobuf varint; returns its length (at most 5 for 32 bits). */
+static size_t put_varint(unsigned char *p, uint32_t v) {
+  size_t n = 0;
+  for (;; v >>= 7) {
+    p[n++] = (unsigned char)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    if (v < 0x80) return n;
+  }
+}
+
+/*
+ * A request of the relay's own to tsbox on stream `id`: a ttrpc Request (1 service, 2 method,
+ * 3 payload) for the relay's service. The payload is `head` then, when `c` is given, the
+ * stream ids of `c`'s kept calls, 4 bytes each, big-endian (a Cancel, src/ttrpc/pod-link.ts).
+ */
+static void send_own_request(struct link *b, uint64_t id, const char *method, const char *head, const struct client *c) {
+  const char *service = opts->services[0];
+  size_t service_len = strlen(service), method_len = strlen(method), head_len = strlen(head);
+  size_t payload_len = head_len + (c != NULL ? 4 * c->nids : 0);
   unsigned char varint[5];
-  size_t vlen = 0;
-  for (size_t v = ids_len;; v >>= 7) {
-    varint[vlen++] = (unsigned char)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-    if (v < 0x80) break;
-  }
-  size_t payload_len = 2 + (sizeof FRONT_SERVICE - 1) + 2 + (sizeof FRONT_CANCEL - 1) + 1 + vlen + ids_len;
-  unsigned char *frame = malloc(HEADER_BYTES + payload_len);
-  if (frame == NULL) {
-    log_msg(LEVEL_FATAL, "task front out of memory");
-    _exit(1);
-  }
-  unsigned char *p = frame;
-  put_u32(p, (uint32_t)payload_len);
-  put_u32(p + 4, (uint32_t)id);
-  p[8] = TYPE_REQUEST;
-  p[9] = 0;
-  p += HEADER_BYTES;
+  size_t total = 1 + 5 + service_len + 1 + 5 + method_len + 1 + 5 + payload_len;
+  unsigned char *frame = malloc(HEADER_BYTES + total);
+  if (frame == NULL) out_of_memory();
+  unsigned char *p = frame + HEADER_BYTES;
   *p++ = 0x0a;
-  *p++ = sizeof FRONT_SERVICE - 1;
-  memcpy(p, FRONT_SERVICE, sizeof FRONT_SERVICE - 1);
-  p += sizeof FRONT_SERVICE - 1;
+  p += put_varint(p, (uint32_t)service_len);
+  memcpy(p, service, service_len);
+  p += service_len;
   *p++ = 0x12;
-  *p++ = sizeof FRONT_CANCEL - 1;
-  memcpy(p, FRONT_CANCEL, sizeof FRONT_CANCEL - 1);
-  p += sizeof FRONT_CANCEL - 1;
+  p += put_varint(p, (uint32_t)method_len);
+  memcpy(p, method, method_len);
+  p += method_len;
   *p++ = 0x1a;
+  size_t vlen = put_varint(varint, (uint32_t)payload_len);
   memcpy(p, varint, vlen);
   p += vlen;
-  for (const struct pending *q = c->ids_head; q != NULL; q = q->conn_next) {
+  memcpy(p, head, head_len);
+  p += head_len;
+  for (const struct pending *q = c != NULL ? c->ids_head : NULL; q != NULL; q = q->conn_next) {
     put_u32(p, (uint32_t)q->id);
     p += 4;
   }
-  backend_write(b, frame, HEADER_BYTES + payload_len);
+  size_t length = (size_t)(p - frame) - HEADER_BYTES;
+  put_u32(frame, (uint32_t)length);
+  put_u32(frame + 4, (uint32_t)id);
+  frame[8] = TYPE_REQUEST;
+  frame[9] = 0;
+  link_write(b, frame, HEADER_BYTES + length);
   free(frame);
 }
 
@@ -856,6 +956,7 @@ static void client_close(struct client *c) {
   if (close(c->ep.fd) < 0 && errno != EINTR) { /* the descriptor is released whatever close says */ }
   c->ep.fd = -1;
   partial_bytes -= c->counted;
+  c->counted = 0;
   decoder_free(&c->dec);
   buf_free(&c->out);
   if (c->prev != NULL) c->prev->next = c->next;
@@ -870,24 +971,16 @@ static void client_close(struct client *c) {
   if (tsbox != NULL && next_id <= LAST_STREAM_ID) {
     uint64_t id = next_id;
     next_id += 2;
-    send_cancel(tsbox, id, c);
+    send_own_request(tsbox, id, CANCEL, "", c);
   }
   while (c->ids_head != NULL) pending_remove(c->ids_head);
-}
-
-static void client_error(struct client *c, const char *syscall, int err) {
-  struct line l;
-  if (log_begin(&l, LEVEL_DEBUG)) {
-    log_errno(&l, err, syscall, NULL);
-    log_end(&l, "containerd connection error");
-  }
-  client_close(c);
 }
 
 /* Writes what is queued for a client; a client drained of its answers is read again. */
 static void client_flush(struct client *c) {
   if (send_queued(c->ep.fd, &c->out) < 0) {
-    client_error(c, "write", errno);
+    /* containerd went away mid-answer: its connection ends, as at its close. */
+    client_close(c);
     return;
   }
   if (c->paused && buf_size(&c->out) == 0) {
@@ -933,17 +1026,13 @@ static void shed_partial(void) {
   for (struct client *c = clients_head; c != NULL; c = c->next)
     if (largest == NULL || decoder_buffered(&c->dec) > decoder_buffered(&largest->dec)) largest = c;
   if (largest == NULL) return;
-  struct line l;
-  if (log_begin(&l, LEVEL_WARN)) {
-    log_num(&l, "bytes", (long long)decoder_buffered(&largest->dec));
-    log_end(&l, "task socket: closing the connection holding the most bytes of unfinished frames");
-  }
+  relay_log(RELAY_WARN, "task socket: closing the connection holding the most bytes of unfinished frames", "bytes", (long long)decoder_buffered(&largest->dec));
   client_close(largest);
 }
 
 static void warn_protocol(const char *msg, const char *k1, long long v1, const char *k2, long long v2) {
   struct line l;
-  if (!log_begin(&l, LEVEL_WARN)) return;
+  if (!log_begin(&l, RELAY_WARN)) return;
   log_num(&l, k1, v1);
   if (k2 != NULL) log_num(&l, k2, v2);
   log_end(&l, msg);
@@ -986,20 +1075,17 @@ static int client_request(struct client *c, const struct decoded *d) {
     client_close(c);
     return -1;
   }
-  if (names_front_service(d->frame + HEADER_BYTES, d->length)) {
-    warn_protocol("task socket: closing a connection that called the front's own service", "streamId", d->stream_id, NULL, 0);
+  if (names_private_service(d->frame + HEADER_BYTES, d->length)) {
+    warn_protocol("task socket: closing a connection that called the relay's own service", "streamId", d->stream_id, NULL, 0);
     free(d->frame);
     client_close(c);
     return -1;
   }
   c->last_stream_id = d->stream_id;
-  /* Out of stream ids on tsbox's connection: a new one renumbers (backend_accept). */
-  if (next_id > LAST_STREAM_ID && tsbox != NULL) backend_close(tsbox, NULL, 0);
+  /* Out of stream ids on tsbox's connection: a new one renumbers (link_accept). */
+  if (next_id > LAST_STREAM_ID && tsbox != NULL) link_close(tsbox, NULL, 0);
   struct pending *p = calloc(1, sizeof *p);
-  if (p == NULL) {
-    log_msg(LEVEL_FATAL, "task front out of memory");
-    _exit(1);
-  }
+  if (p == NULL) out_of_memory();
   p->id = next_id;
   next_id += 2;
   p->conn = c;
@@ -1020,16 +1106,16 @@ static int client_request(struct client *c, const struct decoded *d) {
   npending++;
   pending_bytes += p->len;
   pending_hash_add(p);
-  if (tsbox != NULL) backend_write(tsbox, p->frame, p->len);
+  if (tsbox != NULL) link_write(tsbox, p->frame, p->len);
   return 0;
 }
 
 static void client_readable(struct client *c) {
-  static unsigned char chunk[READ_CHUNK];
   ssize_t n = read(c->ep.fd, chunk, sizeof chunk);
   if (n < 0) {
     if (errno == EINTR || errno == EAGAIN) return;
-    client_error(c, "read", errno);
+    /* A reset: containerd's connection ends, as at its close. */
+    client_close(c);
     return;
   }
   if (n == 0) {
@@ -1045,7 +1131,7 @@ static void client_readable(struct client *c) {
     if (d.skipped != SKIP_NONE) {
       /* A frame over ttrpc's limit or of a type it does not know: not containerd's. */
       struct line l;
-      if (log_begin(&l, LEVEL_WARN)) {
+      if (log_begin(&l, RELAY_WARN)) {
         log_str(&l, "reason", d.skipped == SKIP_OVERSIZED ? "oversized" : "unknown type");
         log_num(&l, "bytes", d.length);
         log_end(&l, "task socket: closing a connection that broke the protocol");
@@ -1066,11 +1152,10 @@ static void client_readable(struct client *c) {
 
 /*
  * A listener whose accept fails (out of descriptors or memory) would be ready again at once:
- * it is not watched until the next sweep, so that the front does not spin meanwhile.
+ * it is not watched until the next sweep, so that the relay does not spin meanwhile.
  */
 static void rest_listener(struct endpoint *ep) {
-  watch(ep, 0, EPOLL_CTL_MOD);
-  listeners_resting = 1;
+  if (watch(ep, 0, EPOLL_CTL_MOD) == 0) listeners_resting = 1;
 }
 
 static void client_accept(void) {
@@ -1081,11 +1166,7 @@ static void client_accept(void) {
       if (errno == EAGAIN) return;
       if ((errno == EMFILE || errno == ENFILE) && spare_fd >= 0) {
         /* Out of descriptors: the spare one takes the connection only to refuse it. */
-        struct line l;
-        if (log_begin(&l, LEVEL_WARN)) {
-          log_errno(&l, errno, "accept", NULL);
-          log_end(&l, "task socket: connection refused, no descriptor left");
-        }
+        relay_log_errno(RELAY_WARN, "task socket: connection refused, no descriptor left", errno, "accept", NULL);
         (void)close(spare_fd); /* released whatever close says */
         int refused = accept4(task_listener.fd, NULL, NULL, SOCK_CLOEXEC);
         if (refused >= 0) (void)close(refused); /* refused on purpose */
@@ -1093,54 +1174,51 @@ static void client_accept(void) {
         if (refused < 0) return;
         continue;
       }
-      struct line l;
-      if (log_begin(&l, LEVEL_WARN)) {
-        log_errno(&l, errno, "accept", NULL);
-        log_end(&l, "task socket: accept failed");
-      }
+      relay_log_errno(RELAY_WARN, "task socket: accept failed", errno, "accept", NULL);
       rest_listener(&task_listener);
       return;
     }
-    if (nclients >= MAX_FRONT_CONNECTIONS && !evict_idle()) {
-      warn_protocol("task socket: connection refused, every one carries a call", "max", MAX_FRONT_CONNECTIONS, NULL, 0);
+    if (nclients >= MAX_CONNECTIONS && !evict_idle()) {
+      warn_protocol("task socket: connection refused, every one carries a call", "max", MAX_CONNECTIONS, NULL, 0);
       if (close(fd) < 0 && errno != EINTR) { /* refused whatever close says */ }
       continue;
     }
     struct client *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-      log_msg(LEVEL_FATAL, "task front out of memory");
-      _exit(1);
-    }
+    if (c == NULL) out_of_memory();
     c->ep.kind = KIND_CLIENT;
     c->ep.fd = fd;
     c->last_active = now_ms();
+    c->events = client_wanted(c);
+    if (watch(&c->ep, c->events, EPOLL_CTL_ADD) < 0) {
+      if (close(fd) < 0 && errno != EINTR) { /* refused whatever close says */ }
+      free(c);
+      continue;
+    }
     c->prev = clients_tail;
     if (clients_tail != NULL) clients_tail->next = c;
     else clients_head = c;
     clients_tail = c;
     nclients++;
-    c->events = client_wanted(c);
-    watch(&c->ep, c->events, EPOLL_CTL_ADD);
   }
 }
 
 /* tsbox's answers, each to the client and stream it answers. */
-static void backend_readable(struct backend *b) {
-  static unsigned char chunk[READ_CHUNK];
+static void link_readable(struct link *b) {
   ssize_t n = read(b->ep.fd, chunk, sizeof chunk);
   if (n < 0) {
     if (errno == EINTR || errno == EAGAIN) return;
-    backend_close(b, "read", errno);
+    link_close(b, "read", errno);
     return;
   }
   if (n == 0) {
-    backend_close(b, NULL, 0);
+    link_close(b, NULL, 0);
     return;
   }
   size_t at = 0;
   struct decoded d;
   while (decoder_next(&b->dec, TYPE_RESPONSE, chunk, (size_t)n, &at, &d)) {
     if (d.skipped != SKIP_NONE || d.frame == NULL) continue;
+    /* An answer to the relay's own Hello or Cancel matches no kept call: dropped. */
     struct pending *p = pending_find(d.stream_id);
     if (p == NULL) {
       free(d.frame);
@@ -1155,36 +1233,33 @@ static void backend_readable(struct backend *b) {
   }
 }
 
-static void backend_accept(void) {
+static void link_accept(void) {
   for (;;) {
-    int fd = accept4(backend_listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(link_listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN) return;
-      struct line l;
-      if (log_begin(&l, LEVEL_WARN)) {
-        log_errno(&l, errno, "accept", NULL);
-        log_end(&l, "backend socket: accept failed");
-      }
-      rest_listener(&backend_listener);
+      relay_log_errno(RELAY_WARN, "link socket: accept failed", errno, "accept", NULL);
+      rest_listener(&link_listener);
       return;
     }
     /* A newer tsbox replaces an older connection (one that has not noticed its end yet). */
-    if (tsbox != NULL) backend_close(tsbox, NULL, 0);
-    struct backend *b = calloc(1, sizeof *b);
-    if (b == NULL) {
-      log_msg(LEVEL_FATAL, "task front out of memory");
-      _exit(1);
-    }
-    b->ep.kind = KIND_BACKEND;
+    if (tsbox != NULL) link_close(tsbox, NULL, 0);
+    struct link *b = calloc(1, sizeof *b);
+    if (b == NULL) out_of_memory();
+    b->ep.kind = KIND_LINK;
     b->ep.fd = fd;
     b->events = EPOLLIN;
-    watch(&b->ep, b->events, EPOLL_CTL_ADD);
+    if (watch(&b->ep, b->events, EPOLL_CTL_ADD) < 0) {
+      if (close(fd) < 0 && errno != EINTR) { /* refused whatever close says */ }
+      free(b);
+      continue;
+    }
     tsbox = b;
-    /* A new connection numbers its streams from 1: the kept requests go first, in the order
-       they came, then new ones. The table is rebuilt under the new ids. */
+    /* A new connection numbers its streams from 1: the Hello first, then the kept requests in
+       the order they came, then new ones. The table is rebuilt under the new ids. */
     memset(pending_table, 0, sizeof pending_table);
-    next_id = 1;
+    next_id = 3;
     size_t replayed = 0;
     for (struct pending *p = pending_head; p != NULL; p = p->next) {
       p->id = next_id;
@@ -1193,12 +1268,9 @@ static void backend_accept(void) {
       pending_hash_add(p);
       replayed++;
     }
-    for (struct pending *p = pending_head; p != NULL && tsbox == b; p = p->next) backend_write(b, p->frame, p->len);
-    struct line l;
-    if (log_begin(&l, LEVEL_INFO)) {
-      log_num(&l, "replayed", (long long)replayed);
-      log_end(&l, "tsbox connected");
-    }
+    send_own_request(b, 1, HELLO, opts->hello, NULL);
+    for (struct pending *p = pending_head; p != NULL && tsbox == b; p = p->next) link_write(b, p->frame, p->len);
+    relay_log(RELAY_INFO, "tsbox connected", "replayed", (long long)replayed);
   }
 }
 
@@ -1211,187 +1283,75 @@ static void check_frames(int64_t now) {
   }
 }
 
-/* ---- the log file ---- */
-
-static const char *log_path;
-static unsigned long long log_max_bytes = 8ull * 1024 * 1024;
-static unsigned long long log_check_ms = 60000;
-
-/* Copies `from` to `to` (created with `mode`, replaced when there); -1 with errno and the call. */
-static int copy_file(const char *from, const char *to, mode_t mode, const char **syscall, const char **path) {
-  int in = open(from, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (in < 0) {
-    *syscall = "open";
-    *path = from;
-    return -1;
+static void free_dead(void) {
+  while (dead_clients != NULL) {
+    struct client *c = dead_clients;
+    dead_clients = c->dead_next;
+    free(c);
   }
-  int out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (out < 0) {
-    *syscall = "open";
-    *path = to;
-    int saved = errno;
-    (void)close(in); /* the open already failed; errno says why */
-    errno = saved;
-    return -1;
-  }
-  static char chunk[READ_CHUNK];
-  int rc = 0;
-  for (;;) {
-    ssize_t n = read(in, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      *syscall = "read";
-      *path = from;
-      rc = -1;
-      break;
-    }
-    if (n == 0) break;
-    for (ssize_t off = 0; off < n;) {
-      ssize_t w = write(out, chunk + off, (size_t)(n - off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        *syscall = "write";
-        *path = to;
-        rc = -1;
-        break;
-      }
-      off += w;
-    }
-    if (rc < 0) break;
-  }
-  int saved = errno;
-  if (rc == 0 && fchmod(out, mode) < 0) {
-    *syscall = "fchmod";
-    *path = to;
-    saved = errno;
-    rc = -1;
-  }
-  (void)close(in); /* read only */
-  if (close(out) < 0 && rc == 0) {
-    *syscall = "close";
-    *path = to;
-    saved = errno;
-    rc = -1;
-  }
-  errno = saved;
-  return rc;
-}
-
-/*
- * Keeps the log (stdout, a file opened for appending) under log_max_bytes: past it the file is
- * copied to <path>.1 (the previous copy replaced) and cut to nothing; appends go on at its new
- * end. A check that fails is logged and tried again at the next one.
- */
-static void check_log(void) {
-  struct line l;
-  struct stat st;
-  const char *syscall = "stat", *path = log_path;
-  char kept[PATH_MAX];
-  if (stat(log_path, &st) < 0) goto failed;
-  if ((unsigned long long)st.st_size <= log_max_bytes) return;
-  if (!S_ISREG(st.st_mode)) return; /* not a file to cut */
-  if ((size_t)snprintf(kept, sizeof kept, "%s.1", log_path) >= sizeof kept) {
-    errno = ENAMETOOLONG;
-    path = log_path;
-    goto failed;
-  }
-  if (copy_file(log_path, kept, st.st_mode & 07777, &syscall, &path) < 0) goto failed;
-  if (ftruncate(STDOUT_FILENO, 0) < 0) {
-    syscall = "ftruncate";
-    path = NULL;
-    goto failed;
-  }
-  if (log_begin(&l, LEVEL_INFO)) {
-    log_str(&l, "path", log_path);
-    log_num(&l, "bytes", (long long)st.st_size);
-    log_str(&l, "kept", kept);
-    log_end(&l, "log file cut: what it held is in the kept copy");
-  }
-  return;
-failed:
-  /* Gone: someone removed the log; nothing to cut (writes go to the unlinked file). */
-  if (errno == ENOENT || errno == ESRCH) return;
-  int e = errno;
-  if (log_begin(&l, LEVEL_WARN)) {
-    log_errno(&l, e, syscall, path);
-    log_str(&l, "path", log_path);
-    log_end(&l, "cannot cut the log file");
+  while (dead_links != NULL) {
+    struct link *b = dead_links;
+    dead_links = b->dead_next;
+    free(b);
   }
 }
 
 /* ---- start-up ---- */
 
-/* Why the front cannot start: logged at level fatal, exit 1. */
-static void start_failed_errno(int e, const char *syscall, const char *path) {
-  char text[128], message[PATH_MAX + 256];
-  errno_text(e, text, sizeof text);
-  snprintf(message, sizeof message, "task front cannot start: %s: %s, %s '%s'", errno_name(e), text, syscall, path);
-  struct line l;
-  if (log_begin(&l, LEVEL_FATAL)) {
-    log_errno(&l, e, syscall, path);
-    log_end(&l, message);
-  }
-  exit(1);
-}
-
-static void start_failed_precondition(const char *what) {
-  char message[PATH_MAX + 256];
-  snprintf(message, sizeof message, "task front cannot start: %s", what);
-  struct line l;
-  if (log_begin(&l, LEVEL_FATAL)) {
-    line_str(&l, ",\"err\":{\"type\":\"TsboxError\"");
-    log_str(&l, "message", what);
-    log_str(&l, "kind", "FailedPrecondition");
-    log_str(&l, "name", "TsboxError");
-    line_str(&l, "}");
-    log_end(&l, message);
-  }
-  exit(1);
+static int fail_errno(char *err, size_t errlen, const char *syscall, const char *path) {
+  snprintf(err, errlen, "%s %s: %s", syscall, path, strerror(errno));
+  return -1;
 }
 
 /* mkdir -p of `path`'s directory, mode 0755 for what it makes. */
-static void make_parent(const char *path) {
+static int make_parent(const char *path, char *err, size_t errlen) {
   char dir[PATH_MAX];
-  if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) start_failed_errno(ENAMETOOLONG, "mkdir", path);
+  if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) {
+    errno = ENAMETOOLONG;
+    return fail_errno(err, errlen, "mkdir", path);
+  }
   char *slash = strrchr(dir, '/');
-  if (slash == NULL) return;
-  if (slash == dir) return; /* the root */
+  if (slash == NULL || slash == dir) return 0; /* the working directory, or the root */
   *slash = 0;
   for (char *p = dir + 1;; p++) {
     if (*p != '/' && *p != 0) continue;
     char saved = *p;
     *p = 0;
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) start_failed_errno(errno, "mkdir", dir);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return fail_errno(err, errlen, "mkdir", dir);
     *p = saved;
     if (saved == 0) break;
   }
   struct stat st;
-  if (stat(dir, &st) < 0) start_failed_errno(errno, "stat", dir);
-  if (!S_ISDIR(st.st_mode)) start_failed_errno(ENOTDIR, "mkdir", dir);
+  if (stat(dir, &st) < 0) return fail_errno(err, errlen, "stat", dir);
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return fail_errno(err, errlen, "mkdir", dir);
+  }
+  return 0;
 }
 
-static void socket_address(const char *path, struct sockaddr_un *addr) {
+static int socket_address(const char *path, struct sockaddr_un *addr) {
   memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
-  if (strlen(path) >= sizeof addr->sun_path) start_failed_errno(ENAMETOOLONG, "bind", path);
+  if (strlen(path) >= sizeof addr->sun_path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
   memcpy(addr->sun_path, path, strlen(path));
+  return 0;
 }
 
 /*
- * True when a server answers at `path` within 1 s: it accepts, or is too busy to accept yet
- * (still a live server). Refused or anything else: nobody serves there.
+ * 1 when a server answers at `path`: it accepts, or is too busy to accept yet (still a live
+ * server); 0 when refused or anything else (nobody serves there); -1 with errno when it cannot
+ * be asked.
  */
 static int socket_live(const char *path) {
   struct sockaddr_un addr;
-  socket_address(path, &addr);
+  if (socket_address(path, &addr) < 0) return -1;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) start_failed_errno(errno, "socket", path);
-  int live = 0;
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
-    live = 1;
-  } else if (errno == EINPROGRESS || errno == EAGAIN) {
-    live = 1;
-  }
+  if (fd < 0) return -1;
+  int live = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 || errno == EINPROGRESS || errno == EAGAIN;
   if (close(fd) < 0 && errno != EINTR) { /* a probe: released whatever close says */ }
   return live;
 }
@@ -1400,178 +1360,151 @@ static int socket_live(const char *path) {
  * Listens on `path` as src/transport/socket.ts prepares and claims a socket: its directory
  * made, a stale socket replaced, a live one or a non-socket refused; mode 0600.
  */
-static void listen_on(struct endpoint *ep, const char *path) {
-  make_parent(path);
+static int listen_on(struct endpoint *ep, struct bound *b, const char *path, char *err, size_t errlen) {
+  if (make_parent(path, err, errlen) < 0) return -1;
   struct stat st;
   if (lstat(path, &st) == 0) {
-    char what[PATH_MAX + 128];
     if (!S_ISSOCK(st.st_mode)) {
-      snprintf(what, sizeof what, "%s exists and is not a socket; refusing to replace it", path);
-      start_failed_precondition(what);
+      snprintf(err, errlen, "%s exists and is not a socket; refusing to replace it", path);
+      return -1;
     }
-    if (socket_live(path)) {
-      snprintf(what, sizeof what, "another server is already listening on %s", path);
-      start_failed_precondition(what);
+    int live = socket_live(path);
+    if (live < 0) return fail_errno(err, errlen, "connect", path);
+    if (live) {
+      snprintf(err, errlen, "another server is already listening on %s", path);
+      return -1;
     }
-    if (unlink(path) < 0 && errno != ENOENT) start_failed_errno(errno, "unlink", path);
+    if (unlink(path) < 0 && errno != ENOENT) return fail_errno(err, errlen, "unlink", path);
   } else if (errno != ENOENT) {
-    start_failed_errno(errno, "lstat", path);
+    return fail_errno(err, errlen, "lstat", path);
   }
   struct sockaddr_un addr;
-  socket_address(path, &addr);
+  if (socket_address(path, &addr) < 0) return fail_errno(err, errlen, "bind", path);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) start_failed_errno(errno, "socket", path);
-  /* Nobody but root reaches it from its first moment, not only once chmod ran. */
+  if (fd < 0) return fail_errno(err, errlen, "socket", path);
+  /* Nobody but its owner reaches it from its first moment, not only once chmod ran. */
   mode_t old = umask(0177);
   int bound = bind(fd, (struct sockaddr *)&addr, sizeof addr);
   int e = errno;
   umask(old);
-  if (bound < 0) start_failed_errno(e, "bind", path);
-  if (listen(fd, LISTEN_BACKLOG) < 0) start_failed_errno(errno, "listen", path);
-  if (chmod(path, 0600) < 0) start_failed_errno(errno, "chmod", path);
+  const char *failed = NULL;
+  if (bound < 0) {
+    errno = e;
+    failed = "bind";
+  } else if (lstat(path, &st) < 0) {
+    failed = "lstat";
+  } else {
+    /* Known by its inode from here: whatever fails next, release_all removes it. */
+    *b = (struct bound){.path = path, .dev = st.st_dev, .ino = st.st_ino, .made = 1};
+    if (listen(fd, LISTEN_BACKLOG) < 0) failed = "listen";
+    else if (chmod(path, 0600) < 0) failed = "chmod";
+  }
+  if (failed != NULL) {
+    fail_errno(err, errlen, failed, path);
+    (void)close(fd); /* the socket is abandoned whatever close says */
+    return -1;
+  }
   ep->fd = fd;
-  watch(ep, EPOLLIN, EPOLL_CTL_ADD);
-}
-
-static void write_pid_file(const char *path) {
-  char text[32];
-  int n = snprintf(text, sizeof text, "%ld\n", (long)getpid());
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) start_failed_errno(errno, "open", path);
-  for (int off = 0; off < n;) {
-    ssize_t w = write(fd, text + off, (size_t)(n - off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) start_failed_errno(errno, "write", path);
-    off += (int)w;
-  }
-  if (close(fd) < 0) start_failed_errno(errno, "close", path);
-}
-
-/* ---- the command line ---- */
-
-static const char USAGE[] = "usage: tsbox-front --listen TASK_SOCKET --backend BACKEND_SOCKET [--pid-file FILE] [--log-level LEVEL] [--log-file FILE [--log-max-bytes N] [--log-check-ms N]]\n";
-
-static void usage_error(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "tsbox-front: %s\n%s", msg, USAGE);
-  exit(2);
-}
-
-/* A whole number in decimal; -1 when it is not one. */
-static int parse_whole(const char *s, unsigned long long *out) {
-  if (*s == 0) return -1;
-  unsigned long long v = 0;
-  for (const char *p = s; *p != 0; p++) {
-    if (*p < '0' || *p > '9') return -1;
-    if (v > (ULLONG_MAX - 9) / 10) return -1;
-    v = v * 10 + (unsigned)(*p - '0');
-  }
-  *out = v;
+  if (watch(ep, EPOLLIN, EPOLL_CTL_ADD) < 0) return fail_errno(err, errlen, "epoll_ctl", path);
   return 0;
 }
 
-static int level_of(const char *name) {
-  static const struct {
-    const char *name;
-    int level;
-  } levels[] = {{"trace", LEVEL_TRACE}, {"debug", LEVEL_DEBUG}, {"info", LEVEL_INFO}, {"warn", LEVEL_WARN}, {"error", LEVEL_ERROR}, {"fatal", LEVEL_FATAL}, {"silent", LEVEL_SILENT}};
-  for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
-    if (strcmp(levels[i].name, name) == 0) return levels[i].level;
-  return -1;
+/* Undoes what a failed relay_listen made, so that nothing of it is left. */
+static void release_all(void) {
+  relay_unlink();
+  int *fds[] = {&task_listener.fd, &link_listener.fd, &spare_fd, &epfd, &log_fd};
+  for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+    if (*fds[i] >= 0 && close(*fds[i]) < 0 && errno != EINTR) { /* released whatever close says */ }
+    *fds[i] = -1;
+  }
 }
 
-int main(int argc, char **argv) {
-  const char *listen_path = NULL, *backend_path = NULL, *pid_path = NULL;
-  const char *max_bytes_text = "8388608", *check_ms_text = "60000", *level_text = "info";
-  static const char *const names[] = {"listen", "backend", "pid-file", "log-level", "log-file", "log-max-bytes", "log-check-ms"};
-  const char **values[] = {&listen_path, &backend_path, &pid_path, &level_text, &log_path, &max_bytes_text, &check_ms_text};
-  for (int i = 1; i < argc; i++) {
-    const char *arg = argv[i];
-    if (strncmp(arg, "--", 2) != 0) usage_error("unexpected argument '%s'", arg);
-    const char *eq = strchr(arg, '=');
-    size_t name_len = eq != NULL ? (size_t)(eq - arg - 2) : strlen(arg) - 2;
-    size_t k = 0;
-    while (k < sizeof names / sizeof names[0] && !(strlen(names[k]) == name_len && strncmp(names[k], arg + 2, name_len) == 0)) k++;
-    if (k == sizeof names / sizeof names[0]) usage_error("unknown option '%s'", arg);
-    if (eq != NULL) {
-      *values[k] = eq + 1;
-    } else {
-      if (i + 1 >= argc) usage_error("option '--%s <value>' argument missing", names[k]);
-      *values[k] = argv[++i];
-    }
-  }
-  log_level = level_of(level_text);
-  if (log_level < 0) usage_error("unknown log level '%s'", level_text);
-  if (listen_path == NULL || backend_path == NULL) {
-    fputs(USAGE, stderr);
-    return 2;
-  }
-  if (log_path != NULL && (parse_whole(max_bytes_text, &log_max_bytes) < 0 || log_max_bytes < 1024 || parse_whole(check_ms_text, &log_check_ms) < 0 || log_check_ms < 10 || log_check_ms > INT32_MAX)) {
-    fputs("tsbox-front: --log-max-bytes must be a whole number of bytes, at least 1024; --log-check-ms at least 10 (and at most 2147483647)\n", stderr);
-    return 2;
-  }
-
-  /* Buffers of 128 KiB and more (frames on their way, answers queued) are mapped and given
-     back whole when freed: glibc's moving threshold would otherwise keep what an attack made
-     the front hold in its heap for good. */
-  if (mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 0) start_failed_errno(EINVAL, "mallopt", "M_MMAP_THRESHOLD");
-  /* Room for every connection it admits (as Node allows itself the hard limit). */
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) < 0) start_failed_errno(errno, "getrlimit", "RLIMIT_NOFILE");
-  if (rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) start_failed_errno(errno, "setrlimit", "RLIMIT_NOFILE");
-  }
-  /* A peer gone mid-write is an error of that write (MSG_NOSIGNAL), stdout's too. */
-  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) start_failed_errno(errno, "signal", "SIGPIPE");
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGHUP);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGTERM);
-  if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0) start_failed_errno(errno, "sigprocmask", "SIGTERM");
-  signals.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (signals.fd < 0) start_failed_errno(errno, "signalfd", "SIGTERM");
+int relay_listen(const struct relay_options *o, char *err, size_t errlen) {
+  opts = o;
+  log_max = o->log_max_bytes != 0 ? o->log_max_bytes : RELAY_LOG_MAX_BYTES;
+  if (o->log_path != NULL && open_log(o->log_path) < 0) return fail_errno(err, errlen, "open", o->log_path);
   epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (epfd < 0) start_failed_errno(errno, "epoll_create1", "epoll");
-  watch(&signals, EPOLLIN, EPOLL_CTL_ADD);
+  if (epfd < 0) {
+    fail_errno(err, errlen, "epoll_create1", "epoll");
+    release_all();
+    return -1;
+  }
   spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (spare_fd < 0) start_failed_errno(errno, "open", "/dev/null");
-
-  int64_t next_log_check = 0;
-  if (log_path != NULL) {
-    check_log();
-    next_log_check = now_ms() + (int64_t)log_check_ms;
+  if (spare_fd < 0) {
+    fail_errno(err, errlen, "open", "/dev/null");
+    release_all();
+    return -1;
   }
-  listen_on(&backend_listener, backend_path);
-  listen_on(&task_listener, listen_path);
+  if (listen_on(&link_listener, &link_bound, o->link_socket, err, errlen) < 0 || listen_on(&task_listener, &task_bound, o->task_socket, err, errlen) < 0) {
+    release_all();
+    return -1;
+  }
+  /* A log that is already past its bound is cut now rather than at its next line. */
+  if (log_size > log_max) rotate_log();
   struct line l;
-  if (log_begin(&l, LEVEL_INFO)) {
-    log_str(&l, "listen", listen_path);
-    log_str(&l, "backend", backend_path);
-    log_end(&l, "task front listening");
+  if (log_begin(&l, RELAY_INFO)) {
+    log_str(&l, "taskSocket", o->task_socket);
+    log_str(&l, "link", o->link_socket);
+    log_end(&l, "pod relay listening");
   }
-  if (pid_path != NULL) write_pid_file(pid_path);
+  return 0;
+}
 
-  int64_t next_sweep = now_ms() + SWEEP_MS;
+int relay_watch(int fd, void (*ready)(void *arg), void *arg) {
+  struct caller *w = calloc(1, sizeof *w);
+  if (w == NULL) return -1;
+  w->ep = (struct endpoint){KIND_CALLER, fd};
+  w->ready = ready;
+  w->arg = arg;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &w->ep};
+  if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+    int saved = errno;
+    free(w);
+    errno = saved;
+    return -1;
+  }
+  return 0;
+}
+
+void relay_stop(int code) {
+  stopping = 1;
+  stop_code = code;
+}
+
+static void unlink_bound(struct bound *b) {
+  if (!b->made) return;
+  b->made = 0;
+  struct stat st;
+  if (lstat(b->path, &st) < 0) {
+    if (errno != ENOENT) relay_log_errno(RELAY_WARN, "cannot remove a socket file", errno, "lstat", b->path);
+    return;
+  }
+  /* Another server's since: it is not this relay's to remove. */
+  if (st.st_dev != b->dev || st.st_ino != b->ino) return;
+  if (unlink(b->path) < 0 && errno != ENOENT) relay_log_errno(RELAY_WARN, "cannot remove a socket file", errno, "unlink", b->path);
+}
+
+void relay_unlink(void) {
+  unlink_bound(&task_bound);
+  unlink_bound(&link_bound);
+}
+
+int relay_run(void) {
+  int64_t next_sweep = 0;
   struct epoll_event events[64];
-  for (;;) {
-    int64_t now = now_ms();
-    int64_t next = next_sweep;
-    if (log_path != NULL && next_log_check < next) next = next_log_check;
-    int timeout = next > now ? (int)(next - now) : 0;
+  while (!stopping) {
+    /* A timer only while a frame is in progress or a listener rests: an idle pod sleeps. */
+    int timeout = -1;
+    if (partial_bytes > 0 || listeners_resting) {
+      int64_t now = now_ms();
+      if (next_sweep == 0) next_sweep = now + SWEEP_MS;
+      timeout = next_sweep > now ? (int)(next_sweep - now) : 0;
+    }
     int n = epoll_wait(epfd, events, 64, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (log_begin(&l, LEVEL_FATAL)) {
-        log_errno(&l, errno, "epoll_wait", NULL);
-        log_end(&l, "task front cannot wait for its connections");
-      }
-      return 1;
+      relay_log_errno(RELAY_FATAL, "pod relay cannot wait for its connections", errno, "epoll_wait", NULL);
+      return -1;
     }
     for (int i = 0; i < n; i++) {
       struct endpoint *ep = events[i].data.ptr;
@@ -1581,21 +1514,12 @@ int main(int argc, char **argv) {
       case KIND_TASK_LISTENER:
         client_accept();
         break;
-      case KIND_BACKEND_LISTENER:
-        backend_accept();
+      case KIND_LINK_LISTENER:
+        link_accept();
         break;
-      case KIND_SIGNALS: {
-        struct signalfd_siginfo si;
-        while (read(signals.fd, &si, sizeof si) == (ssize_t)sizeof si) {
-          if (si.ssi_signo == SIGTERM) {
-            log_msg(LEVEL_INFO, "SIGTERM: the task front ends; containerd's task connections close with it");
-            return 0;
-          }
-          if (log_begin(&l, LEVEL_INFO)) {
-            log_str(&l, "signal", si.ssi_signo == SIGHUP ? "SIGHUP" : "SIGINT");
-            log_end(&l, "ignored");
-          }
-        }
+      case KIND_CALLER: {
+        struct caller *w = (struct caller *)ep;
+        w->ready(w->arg);
         break;
       }
       case KIND_CLIENT: {
@@ -1606,42 +1530,25 @@ int main(int argc, char **argv) {
         }
         break;
       }
-      case KIND_BACKEND: {
-        struct backend *b = (struct backend *)ep;
-        if ((ev & EPOLLOUT) && backend_flush(b) < 0) break;
-        if (b->ep.fd >= 0 && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR))) backend_readable(b);
+      case KIND_LINK: {
+        struct link *b = (struct link *)ep;
+        if ((ev & EPOLLOUT) && link_flush(b) < 0) break;
+        if (b->ep.fd >= 0 && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR))) link_readable(b);
         break;
       }
       }
     }
-    while (dead_clients != NULL) {
-      struct client *c = dead_clients;
-      dead_clients = c->dead_next;
-      free(c);
-    }
-    while (dead_backends != NULL) {
-      struct backend *b = dead_backends;
-      dead_backends = b->dead_next;
-      free(b);
-    }
-    now = now_ms();
-    if (now >= next_sweep) {
+    free_dead();
+    int64_t now = next_sweep != 0 ? now_ms() : 0;
+    if (next_sweep != 0 && now >= next_sweep) {
+      next_sweep = 0;
       check_frames(now);
       if (listeners_resting) {
-        watch(&task_listener, EPOLLIN, EPOLL_CTL_MOD);
-        watch(&backend_listener, EPOLLIN, EPOLL_CTL_MOD);
         listeners_resting = 0;
+        if (watch(&task_listener, EPOLLIN, EPOLL_CTL_MOD) < 0 || watch(&link_listener, EPOLLIN, EPOLL_CTL_MOD) < 0) listeners_resting = 1;
       }
-      next_sweep = now + SWEEP_MS;
-    }
-    if (log_path != NULL && now >= next_log_check) {
-      check_log();
-      next_log_check = now + (int64_t)log_check_ms;
-    }
-    while (dead_clients != NULL) {
-      struct client *c = dead_clients;
-      dead_clients = c->dead_next;
-      free(c);
+      free_dead();
     }
   }
+  return stop_code;
 }
