@@ -24,7 +24,7 @@ import { FileRecordStore } from './state/record-store.js';
 import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
-import { type Helper, HelperService } from './runtime/helper-service.js';
+import { HelperService } from './runtime/helper-service.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './task-events.js';
 import { RUNC_RUNTIME_TYPE, routeHandlers } from './task-routes.js';
@@ -78,7 +78,7 @@ function taskRoute(handlers: readonly string[], server: TaskServer, logger: Logg
   };
 }
 
-async function createBackend(config: Config, logger: Logger, taskApi: TaskRoute | undefined, helper: Helper): Promise<RuntimeBackend> {
+async function createBackend(config: Config, logger: Logger, taskApi: TaskRoute | undefined, helper: HelperService): Promise<RuntimeBackend> {
   if (config.backend === 'noop') {
     logger.warn('backend "noop": sandboxes run no process (for benchmarks only)');
     return new NoopBackend();
@@ -98,7 +98,7 @@ async function createBackend(config: Config, logger: Logger, taskApi: TaskRoute 
     containerdAddress: config.containerdAddress,
     ...(taskApi === undefined ? {} : { taskApi }),
     startTimeoutMs: config.startTimeoutMs,
-    ...(helper instanceof HelperService ? { starter: helper } : {}),
+    starter: helper,
     killTimeoutMs: config.killTimeoutMs,
     logger: logger.child({ component: 'process-backend' }),
     pollIntervalMs: config.supervisorPollMs,
@@ -159,7 +159,7 @@ function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[]
 }
 
 /** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
-async function startTasks(config: Config, logger: Logger, helper: Helper): Promise<TaskServer> {
+async function startTasks(config: Config, logger: Logger, helper: HelperService): Promise<TaskServer> {
   const log = logger.child({ component: 'tasks' });
   // The tasks' directory below containerd's state dir is one tsbox's, as its state dir is.
   // containerd's state dir, when tsbox comes first, as containerd would make it (0711: not
@@ -179,7 +179,7 @@ async function startTasks(config: Config, logger: Logger, helper: Helper): Promi
   }
 }
 
-async function serveTasks(config: Config, log: Logger, helper: Helper, lock: StateLock): Promise<TaskServer> {
+async function serveTasks(config: Config, log: Logger, helper: HelperService, lock: StateLock): Promise<TaskServer> {
   await writeFile(tasksServedMark(config.stateDir), '', { mode: 0o600 });
   const { manager } = detectCgroups();
   const events = containerdTaskEvents(config.containerdAddress, log);
@@ -188,7 +188,7 @@ async function serveTasks(config: Config, log: Logger, helper: Helper, lock: Sta
     stateDir: config.stateDir,
     containerdState: config.containerdState,
     holderPath: join(dirname(config.shimPath), 'tsbox-ctr'),
-    ...(helper instanceof HelperService ? { holderStarter: helper } : {}),
+    holderStarter: helper,
     runcPath: RUNC,
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
@@ -272,6 +272,9 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   if (metrics !== undefined) metricsServer = await startMetricsServer(config.metricsAddress, metrics, logger);
   // mount(2) and umount(2) for pods and tasks, without a process started from tsbox for each.
   const helper = new HelperService(config.shimPath, logger.child({ component: 'mount-helper' }));
+  // Running from the start, not from the first request: what tsbox holds for them (three
+  // descriptors each) is then the same whatever came before, a restart included.
+  helper.start();
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // its tasks recovered before the sandboxes, whose recovery links each pod's process to it.
   const taskServer = config.backend === 'process' && (taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))

@@ -183,6 +183,12 @@ export class HelperService {
     this.#log = log;
   }
 
+  /** Starts the serving processes now (else the first request does); none once closed. */
+  start(): void {
+    if (this.#closed) return;
+    while (this.#servers.size < HELPER_SERVERS) this.#start();
+  }
+
   /** The pids of the serving processes (for tests and diagnostics). */
   get pids(): number[] {
     return [...this.#servers].map((s) => s.child.pid ?? 0).filter((pid) => pid > 0);
@@ -246,11 +252,9 @@ export class HelperService {
   /** Gives waiting requests to free serving processes, starting processes up to HELPER_SERVERS. */
   #dispatch(): void {
     while (this.#waiting.length > 0) {
-      if (this.#servers.size < HELPER_SERVERS) {
-        // All of them at once: how many run (and the descriptors tsbox holds for them) does not
-        // depend on how many requests happened to come together.
-        while (this.#servers.size < HELPER_SERVERS) this.#start();
-      }
+      // All of them at once: how many run (and the descriptors tsbox holds for them) does not
+      // depend on how many requests happened to come together.
+      this.start();
       const server = [...this.#servers].find((s) => s.job === undefined);
       if (server === undefined) return;
       const job = this.#waiting.shift() as Job;

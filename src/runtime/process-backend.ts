@@ -120,6 +120,8 @@ class Watched implements RunningSandbox {
   readonly #listeners: ((exit: ExitInfo) => void)[] = [];
   /** The supervisor is gone without an exit file: the pod is being ended. */
   ending = false;
+  /** The supervisor, tsbox's child, has exited (its 'exit' event came). */
+  childExited = false;
   /** Where the sandbox's cgroup is, for operators. */
   cgroupPath = '';
 
@@ -225,7 +227,9 @@ export class ProcessBackend implements RuntimeBackend {
       this.#finish(watched, exit);
       return;
     }
-    if (watched.child || !(await isSameProcess(watched.handle.shimPid, watched.handle.shimStart))) {
+    // Gone only when it is: a read before the exit is written (a Stop's poll, a notice) finds a
+    // live supervisor, also one that is tsbox's child.
+    if (watched.childExited || !(await this.#alive(watched.handle))) {
       // It writes the exit before it ends: one written since the read above is there now.
       const late = await this.#readExit(watched.dir);
       if (late !== undefined) this.#finish(watched, late);
@@ -443,8 +447,12 @@ export class ProcessBackend implements RuntimeBackend {
     if (child !== undefined) {
       // The supervisor writes the exit file before it exits, so its exit is the moment to
       // read it, also when the sandbox ended before its start time could be read.
-      child.once('exit', () => void this.#collect(watched));
-      if (child.exitCode !== null || child.signalCode !== null) void this.#collect(watched);
+      const exited = (): void => {
+        watched.childExited = true;
+        void this.#collect(watched);
+      };
+      child.once('exit', exited);
+      if (child.exitCode !== null || child.signalCode !== null) exited();
     } else {
       // Not tsbox's child: its exit notice, or the poll of supervisors, tells its end. A notice
       // that came before it was watched went unheard: the exit file is looked at now.

@@ -90,7 +90,7 @@ describe('tsbox doctor', () => {
       /runc/,
       /reaches tsbox/,
       /tsbox answers on/,
-      /tsbox's Task API answers on \S+\/task\.sock \(containers of handler "tsbox"\)/,
+      /each pod of handler "tsbox" gets a task socket of its own below \S+\/state\/s \(containerd speaks the Task API v3 to the pod's process\)/,
       /state dir/,
     ]) {
       assert.match(r.stdout, new RegExp(`^ok .*${ok.source}`, 'm'));

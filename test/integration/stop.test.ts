@@ -11,6 +11,7 @@ import { uniqueNamespace } from '../support/host.js';
 import { type TsboxDaemon, startTsbox, waitFor } from '../support/tsbox-daemon.js';
 import { GrpcStatus, expectCode, timestampMs } from '../support/grpc-client.js';
 import { alive, createAndStart, delay, ociSpec, procExists, withLog } from './fixtures.js';
+import { readdirSync, readlinkSync } from 'node:fs';
 
 const TRAPS_TERM = 'trap "exit 0" TERM; while :; do sleep 0.1; done';
 const IGNORES_TERM = 'trap "" TERM; while :; do sleep 0.1; done';
@@ -240,6 +241,61 @@ describe('a graceful Stop across a restart of tsbox', () => {
         assert.equal(record.state, 'exited');
         assert.equal(record.killAt, undefined, 'the deadline is spent once the exit is recorded');
         await client.shutdown({ sandboxId: id });
+      });
+    } finally {
+      await daemon.teardown();
+    }
+  });
+
+  test('after kill -9 and a restart, Stops with the longest grace periods cut by their deadline, Shutdowns, a sandbox come and gone: tsbox holds no descriptor more than before', async () => {
+    const daemon = await startTsbox('tsbox-stop-fds', { closeClientsOnExit: true });
+    const ns = uniqueNamespace('stopfds');
+    /** What tsbox's descriptors point at. */
+    const fds = (): string[] => {
+      assert.ok(daemon.pid !== undefined, 'tsbox runs');
+      const pid = daemon.pid;
+      return readdirSync(`/proc/${pid}/fd`).flatMap((fd) => {
+        try {
+          return [readlinkSync(`/proc/${pid}/fd/${fd}`)];
+        } catch {
+          return []; // closed meanwhile
+        }
+      });
+    };
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        const ids = ['fds-a', 'fds-b'];
+        const pids: number[] = [];
+        for (const id of ids) pids.push((await createAndStart(daemon, client, id, shSandbox(id, IGNORES_TERM))).pid);
+        await daemon.kill9();
+        await daemon.start();
+        // As a client sees it ready: a Status of each answered.
+        for (const id of ids) assert.equal((await client.status({ sandboxId: id })).state, 'SANDBOX_READY');
+        const before = fds();
+        await Promise.all(
+          [3_000_000, 4_294_967_295].map((timeoutSecs, i) =>
+            expectCode(client.stop({ sandboxId: ids[i] as string, timeoutSecs }, { timeoutMs: 3000 }), GrpcStatus.DEADLINE_EXCEEDED),
+          ),
+        );
+        for (const pid of pids) assert.ok(alive(pid), 'SIGTERM is ignored and the grace period has not passed');
+        for (const id of ids) await client.shutdown({ sandboxId: id }, { timeoutMs: 10_000 });
+        for (const pid of pids) assert.equal(procExists(pid), false, 'Shutdown ended the sandbox');
+        // A sandbox started and removed after them: what it needs of tsbox is there already.
+        await createAndStart(daemon, client, 'fds-c', shSandbox('fds-c', IGNORES_TERM));
+        await client.shutdown({ sandboxId: 'fds-c' }, { timeoutMs: 10_000 });
+        let after: string[] = [];
+        await waitFor(
+          () => {
+            after = fds();
+            return after.length <= before.length;
+          },
+          {
+            what: `tsbox's descriptors back to ${before.length}`,
+            timeoutMs: 10_000,
+            describe: () => `now ${after.length}; new: ${after.filter((d) => !before.includes(d)).join(', ')}`,
+          },
+        );
       });
     } finally {
       await daemon.teardown();

@@ -133,7 +133,7 @@ describe('tsbox install, doctor and uninstall under systemd', { timeout: 900_000
       assert.equal(healthy.code, 0, healthy.out);
       assert.match(healthy.out, /tsbox doctor: everything is in order/);
       assert.match(healthy.out, /^ok +CRI runtime handler "tsbox" runs on tsbox; tsbox runs its containers with runc over the Task API/m);
-      assert.match(healthy.out, /^ok +tsbox's Task API answers on \/run\/tsbox\/task\.sock/m);
+      assert.match(healthy.out, /^ok +each pod of handler "tsbox" gets a task socket of its own below \/var\/lib\/tsbox\/s /m);
 
       await cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
       await cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
