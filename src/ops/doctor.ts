@@ -5,6 +5,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
 import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
@@ -140,6 +141,9 @@ function checkContainerdPaths(config: Config, read: ContainerdConfigFiles | Erro
   return { findings: [pass(`containerd's root ${paths.root}, state ${paths.state}, socket ${paths.address} (from ${source})`)], address: paths.address };
 }
 
+/** How long containerd may take to dial tsbox again after tsbox restarted (its backoff, and more). */
+const REDIAL_MS = 5_000;
+
 /** containerd's version from its binary, and whether it answers on its socket. */
 async function checkContainerd(address: string, binPath?: string): Promise<Finding[]> {
   const findings: Finding[] = [];
@@ -165,8 +169,22 @@ async function checkContainerd(address: string, binPath?: string): Promise<Findi
   }
   // One call through containerd to tsbox: proves the running containerd has the plugin and reaches tsbox.
   const client = connectContainerd(address, 'default');
+  const probe = (): Promise<unknown> => client.call('controller', 'Status', { sandboxId: 'tsbox-doctor-probe', sandboxer: SANDBOXER, verbose: false }, { timeoutMs: 5_000 });
   try {
-    await client.call('controller', 'Status', { sandboxId: 'tsbox-doctor-probe', sandboxer: SANDBOXER, verbose: false }, { timeoutMs: 5_000 });
+    await probe().catch(async (err: unknown) => {
+      // containerd's channel to tsbox backs off after tsbox restarts (3 s at most in containerd
+      // 2.1): a dial that fails is tried again until that has passed, as kubelet's calls are.
+      if (!(err instanceof ContainerdCallError && err.code === grpc.status.UNAVAILABLE && err.target === 'controller' && /dial/.test(err.details))) throw err;
+      const until = Date.now() + REDIAL_MS;
+      for (;;) {
+        await delay(250);
+        try {
+          return await probe();
+        } catch (again) {
+          if (Date.now() >= until) throw again;
+        }
+      }
+    });
     findings.push(pass(`containerd at ${address} reaches tsbox`));
   } catch (err) {
     if (err instanceof ContainerdCallError && err.code === grpc.status.NOT_FOUND && !/sandbox controller/.test(err.details)) {

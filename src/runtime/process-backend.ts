@@ -319,9 +319,18 @@ export class ProcessBackend implements RuntimeBackend {
     this.#watched.delete(watched.key);
     // A supervisor that relays the pod's task calls goes on serving them until the Shutdown.
     if (watched.handle.link !== undefined && !watched.ending) this.#serving.set(watched.key, watched.handle);
-    const [ns, id] = watched.key.split('/') as [string, string];
-    unlink(this.#opts.layout.exitNotice(ns, id)).catch(ignoreError('a leftover notice only makes tsbox look at the exit file again'));
+    this.#dropNotice(watched.key);
     watched.fire(exit);
+  }
+
+  /**
+   * Removes the sandbox's exit notice. The supervisor touches it just after it writes the exit
+   * file, so an exit read first (a Stop's poll) can come before it: it is removed again once the
+   * supervisor has ended (its 'exit' event, or the end of its serving).
+   */
+  #dropNotice(key: string): void {
+    const [ns, id] = key.split('/') as [string, string];
+    unlink(this.#opts.layout.exitNotice(ns, id)).catch(ignoreError('a leftover notice only makes tsbox look at the exit file again'));
   }
 
   async #pollSupervisors(): Promise<void> {
@@ -449,7 +458,8 @@ export class ProcessBackend implements RuntimeBackend {
       // read it, also when the sandbox ended before its start time could be read.
       const exited = (): void => {
         watched.childExited = true;
-        void this.#collect(watched);
+        if (watched.exited) this.#dropNotice(key);
+        else void this.#collect(watched);
       };
       child.once('exit', exited);
       if (child.exitCode !== null || child.signalCode !== null) exited();
@@ -543,6 +553,7 @@ export class ProcessBackend implements RuntimeBackend {
         await pollUntil(async () => !(await this.#alive(handle)), bound);
       }
     }
+    this.#dropNotice(key);
     const sockets = this.#opts.layout.podSockets(spec.namespace, spec.id);
     await allOrFirstError([rm(sockets.task, { force: true }), rm(sockets.link, { force: true })]);
   }

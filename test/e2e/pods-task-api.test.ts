@@ -13,7 +13,7 @@ import { before, describe, test } from 'node:test';
 import { createSandboxClients, grpc } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
-import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, usePodEnv } from '../support/pod-env.js';
+import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
 import { createSandboxerDaemon, tsboxMain, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 import { stateLayout } from '../../src/state/layout.js';
 
@@ -51,27 +51,6 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
     return { state: status.state, exitCode: status.exit_code, reason: status.reason, pid };
   }
 
-  /**
-   * `call`'s answer once CRI gives one: a containerd that restarts answers UNAVAILABLE while its
-   * CRI plugin initializes, and CRI's channel to tsbox's sandbox socket backs off after tsbox
-   * restarts; kubelet retries such calls, and so does this (nothing else).
-   */
-  async function untilCriAnswers<T>(call: () => Promise<T>): Promise<T> {
-    let answer: { value: T } | undefined;
-    await waitFor(
-      async () => {
-        try {
-          answer = { value: await call() };
-          return true;
-        } catch (err) {
-          if ((err as { code?: number }).code === grpc.status.UNAVAILABLE) return false;
-          throw err;
-        }
-      },
-      { what: 'CRI answers again', timeoutMs: 30_000 },
-    );
-    return (answer as { value: T }).value;
-  }
 
   /** The pod's own task socket, which its process binds below tsbox's state dir. */
   const taskSocket = (id: string): string => stateLayout(env.tsbox.stateDir).podSockets(CRI_NS, id).task;

@@ -12,7 +12,7 @@ import { before, describe, test } from 'node:test';
 import { stateLayout } from '../../src/state/layout.js';
 import { NODE_WIDE_FRONT_BUILD, formerBuild } from '../support/former-build.js';
 import { createSandboxClients } from '../support/containerd-clients.js';
-import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, usePodEnv } from '../support/pod-env.js';
+import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
 import { tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
@@ -93,6 +93,9 @@ describe('upgrading tsbox with pods running', { timeout: 600_000 }, () => {
       await waitFor(async () => (await containerState(exits)).state === 'CONTAINER_EXITED', { what: 'the container exited after the upgrade' });
       assert.equal((await containerState(exits)).exitCode, 9, 'its own exit code');
 
+      // containerd's channel to tsbox's sandbox socket backs off after the restart: CRI's calls
+      // that reach tsbox fail UNAVAILABLE until it redials, and kubelet retries them.
+      await untilCriAnswers(() => env.cri.call('PodSandboxStatus', { pod_sandbox_id: old }));
       // A pod started now has a process of its own, whose socket containerd is told.
       const newConfig = env.podConfig('after-upgrade');
       const fresh = await runPod(newConfig, TSBOX_TASK_HANDLER);

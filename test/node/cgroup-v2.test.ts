@@ -98,6 +98,16 @@ describe('pods on a cgroup v2 node with systemd', { timeout: 600_000 }, () => {
         await waitFor(() => (keyed(path.join(dir, 'cpu.stat')).get('usage_usec') ?? 0n) > 0n, { what: 'CPU time used in the sandbox\'s cgroup' });
         spinner.kill('SIGKILL');
         await spinnerExit;
+        // Memory the pod's own processes hold: the pause shares its pages with its supervisor,
+        // which is outside the pod's cgroup, so a process of the pod that takes 4 MB of its own
+        // (a shell's variable) gives memory.stat something to count, as a container would.
+        const holder = spawn('sh', ['-c', 'read go; x=$(head -c 4000000 /dev/zero | tr "\\0" a); echo held; read end'], { stdio: ['pipe', 'pipe', 'ignore'] });
+        const holderExit = new Promise((resolve) => holder.once('exit', resolve));
+        assert.ok(holder.pid !== undefined, 'the holder runs');
+        writeFileSync(path.join(dir, 'cgroup.procs'), String(holder.pid));
+        const held = new Promise((resolve) => holder.stdout.once('data', resolve));
+        holder.stdin.write('go\n');
+        await held;
         // The kernel flushes a cgroup's memory.stat counters lazily (every 2 s on kernel 7.x):
         // shortly after the pod starts the file may still say anon 0 and file 0, and Metrics
         // reports what the file says. Once the file shows memory, Metrics must show it too.
@@ -125,6 +135,8 @@ describe('pods on a cgroup v2 node with systemd', { timeout: 600_000 }, () => {
           { max: events.get('max'), oom: events.get('oom'), oomKill: events.get('oom_kill') },
         );
         assert.ok((m.memory?.file ?? 0n) + (m.memory?.anon ?? 0n) > 0n, 'memory.stat is reported (anon, file)');
+        holder.stdin.end();
+        await holderExit;
 
         // Update (as a later CRI sends it): the new limits replace the old ones.
         const resources = LinuxContainerResources.encode(LinuxContainerResources.fromPartial({ memoryLimitInBytes: 200 * MiB, cpuShares: 512, cpuQuota: 20_000, cpuPeriod: 100_000 })).finish();

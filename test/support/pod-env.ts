@@ -19,6 +19,7 @@ import {
   type PodSandboxConfig,
   type UnaryClient,
   createCriRuntimeClient,
+  grpc,
 } from './containerd-clients.js';
 import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
@@ -266,6 +267,28 @@ function findNamed(dir: string, needle: string, depth: number): string[] {
     else out.push(...findNamed(full, needle, depth - 1));
   }
   return out;
+}
+
+/**
+ * `call`'s answer once CRI gives one: a containerd that restarts answers UNAVAILABLE while its
+ * CRI plugin initializes, and CRI's channel to tsbox's sandbox socket backs off after tsbox
+ * restarts; kubelet retries such calls, and so does this (nothing else).
+ */
+export async function untilCriAnswers<T>(call: () => Promise<T>): Promise<T> {
+  let answer: { value: T } | undefined;
+  await waitFor(
+    async () => {
+      try {
+        answer = { value: await call() };
+        return true;
+      } catch (err) {
+        if ((err as { code?: number }).code === grpc.status.UNAVAILABLE) return false;
+        throw err;
+      }
+    },
+    { what: 'CRI answers again', timeoutMs: 30_000 },
+  );
+  return (answer as { value: T }).value;
 }
 
 /**
