@@ -6,7 +6,7 @@ import tseslint from 'typescript-eslint';
  * No error dropped in silence (STYLE.md, anti-patterns): a `catch` clause that does not use
  * its error must say why it cannot matter in a comment inside it; a rejection handler
  * (`.catch(h)`, `.then(f, h)`) that does not, in a comment inside it or right before the
- * statement it is part of, or be `ignoreError('why')` from src/errors.ts.
+ * statement it is part of, or be `ignoreError('why')` from src/base/errors.ts.
  */
 const noSilentCatch = {
   meta: {

@@ -3,16 +3,16 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { Config } from './config.js';
-import { type SandboxerHandler, findOnPath, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './containerd-config.js';
-import { TsboxError, messageOf } from './errors.js';
+import type { Config } from './config/config.js';
+import { type SandboxerHandler, findOnPath, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './config/containerd-config.js';
+import { TsboxError, messageOf } from './base/errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
-import { criPodContainers } from './cri-containers.js';
-import { createMetrics, instrumentBackend, instrumentStore } from './metrics.js';
-import { type MetricsServer, startMetricsServer } from './metrics-server.js';
+import { criPodContainers } from './containerd/cri-containers.js';
+import { createMetrics, instrumentBackend, instrumentStore } from './metrics/metrics.js';
+import { type MetricsServer, startMetricsServer } from './metrics/server.js';
 import { EXIT, OperatorError } from './ops/exit-codes.js';
-import { hostPlatform } from './platform.js';
+import { hostPlatform } from './runtime/platform.js';
 import { detectCgroups } from './runtime/cgroups.js';
 import { NoopBackend } from './runtime/noop-backend.js';
 import { PodFiles, criDirs } from './runtime/pod-files.js';
@@ -26,8 +26,8 @@ import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { HelperService } from './runtime/helper-service.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
-import { containerdTaskEvents } from './task-events.js';
-import { RUNC_RUNTIME_TYPE, routeHandlers } from './task-routes.js';
+import { containerdTaskEvents } from './containerd/task-events.js';
+import { RUNC_RUNTIME_TYPE, routeHandlers } from './config/task-routes.js';
 
 /** A running daemon. */
 export interface Daemon {
@@ -108,8 +108,8 @@ async function createBackend(config: Config, logger: Logger, taskApi: TaskRoute 
 }
 
 /**
- * Which handlers' pods go over the Task API route (src/task-routes.ts), read from containerd's
- * config with task_api_handlers; the others run their containers in the shim their
+ * Which handlers' pods go over the Task API route (src/config/task-routes.ts), read from
+ * containerd's config with task_api_handlers; the others run their containers in the shim their
  * runtime_type names (SPEC.md section 7): says so loudly at start-up when that cannot work.
  */
 function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[] {

@@ -3,10 +3,10 @@
  * The entry point: parses the command line, runs the command, wires SIGTERM/SIGINT to an
  * ordered shutdown, and is the only place that exits the process.
  */
-import { ConfigError, UsageError, containerdSnippet, parseCommand, type Command } from './cli.js';
+import { ConfigError, UsageError, containerdSnippet, parseCommand, type Command } from './cli/cli.js';
 import { startDaemon } from './daemon.js';
-import { messageOf } from './errors.js';
-import { createLogger } from './log.js';
+import { messageOf } from './base/errors.js';
+import { createLogger } from './base/log.js';
 import { runDoctor } from './ops/doctor.js';
 import { EXIT, OperatorError } from './ops/exit-codes.js';
 import { install, uninstall } from './ops/install.js';

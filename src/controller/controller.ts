@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, messageOf } from '../base/errors.js';
 import { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
-import { SerialQueue } from '../serial-queue.js';
+import { SerialQueue } from '../base/serial-queue.js';
 import { MAX_TIMER_MS, msOf, systemClock, systemSchedule, timestampOf, type Clock, type Schedule } from './clock.js';
 import { ExitSignal, type ExitListener } from './exit-signal.js';
 import { deriveLaunchSpec, isType, type CreateInput } from './launch-spec.js';
@@ -67,7 +67,7 @@ export const UNKNOWN_EXIT_STATUS = 255;
 
 /**
  * Named points in the operations where a crash is most harmful. The crash tests make the
- * daemon die at one of them (see config.ts, `faultPoint`); in normal use this is a no-op.
+ * daemon die at one of them (see `crashAt` in src/config/config.ts); in normal use this is a no-op.
  */
 export type CrashPoint =
   | 'create:after-save'
@@ -379,7 +379,7 @@ export class Controller {
   /**
    * Stops the sandbox and returns once its exit is recorded (or the signal fires), and once
    * CRI no longer counts any of the pod's containers as running (bounded; see
-   * src/cri-containers.ts). Unknown or already stopped: nothing to do. Never started:
+   * src/containerd/cri-containers.ts). Unknown or already stopped: nothing to do. Never started:
    * counts as exited.
    */
   async stop(namespace: string, id: string, timeoutSeconds: number, signal: CallSignal): Promise<void> {

@@ -1,4 +1,4 @@
-import { abortError, type TsboxError } from '../errors.js';
+import { abortError, type TsboxError } from '../base/errors.js';
 import type { CallSignal, ExitInfo } from './types.js';
 
 /**

@@ -1,4 +1,4 @@
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 
 /**
  * containerd's identifier rule (its pkg/identifiers) for namespaces, sandbox ids, container

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, messageOf } from '../base/errors.js';
 import { PodSandboxConfig } from '../gen/runtime/v1/pod_sandbox_config.js';
 import { podSpecFromConfig, type PodSpec } from './pod-spec.js';
 import type { AnyValue, LaunchSpec } from './types.js';

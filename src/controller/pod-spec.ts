@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 import type { LinuxContainerResources, PodSandboxConfig } from '../gen/runtime/v1/pod_sandbox_config.js';
 
 /**

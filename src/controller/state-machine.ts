@@ -1,4 +1,4 @@
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 
 /**
  * The life of a sandbox. Each value is spelled as the record on disk spells it.

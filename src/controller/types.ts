@@ -118,8 +118,8 @@ export interface HostPlatform {
 }
 
 /**
- * CRI's view of a pod's containers, which a Stop waits to settle (src/cri-containers.ts says
- * why); a fake implements it in unit tests.
+ * CRI's view of a pod's containers, which a Stop waits to settle
+ * (src/containerd/cri-containers.ts says why); a fake implements it in unit tests.
  */
 export interface PodContainers {
   /**

@@ -7,16 +7,16 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
-import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config.js';
-import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../containerd-paths.js';
-import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../containerd-config.js';
-import { isGone, messageOf } from '../errors.js';
+import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config/config.js';
+import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../config/containerd-paths.js';
+import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../config/containerd-config.js';
+import { isGone, messageOf } from '../base/errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { MAX_SOCKET_PATH, longestPodSocket } from '../state/layout.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
 import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
-import { type HandlerRoutes, routeHandlers } from '../task-routes.js';
+import { type HandlerRoutes, routeHandlers } from '../config/task-routes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** What doctor looks at. */

@@ -10,8 +10,8 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writ
 import { dirname, join } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { parse as parseToml } from 'smol-toml';
-import type { Config } from '../config.js';
-import { messageOf } from '../errors.js';
+import type { Config } from '../config/config.js';
+import { messageOf } from '../base/errors.js';
 import { systemdIsInit } from '../runtime/systemd.js';
 import { EXIT, OperatorError } from './exit-codes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';

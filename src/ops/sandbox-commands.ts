@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import Table from 'cli-table3';
 import { validateIdentifier } from '../controller/identifiers.js';
-import { messageOf } from '../errors.js';
+import { messageOf } from '../base/errors.js';
 import type {
   ControllerStatusResponse,
   ControllerWaitResponse,

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CallSignal } from '../controller/types.js';
-import { abortError } from '../errors.js';
+import { abortError } from '../base/errors.js';
 
 /**
  * How long a clean-up may wait for the kernel: until `deadline` (epoch ms), and only while

@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresentNow, withPath } from '../errors.js';
+import { TsboxError, allOrFirstError, errnoOf, isGone, messageOf, readIfPresentNow, withPath } from '../base/errors.js';
 import type { PodSpec, Resources } from '../controller/pod-spec.js';
 import type { AnyValue } from '../controller/types.js';
 import { Metrics as MetricsV1 } from '../gen/cgroups/v1/metrics.js';

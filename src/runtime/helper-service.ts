@@ -1,7 +1,7 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import type { Logger } from 'pino';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, abortError, isTsboxError, messageOf } from '../errors.js';
+import { TsboxError, abortError, isTsboxError, messageOf } from '../base/errors.js';
 import { boundOf, pollUntil } from './bound.js';
 import type { ProgramAnswer } from './child-answer.js';
 import { signalGroup } from './proc.js';

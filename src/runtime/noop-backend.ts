@@ -1,6 +1,6 @@
 import { systemClock } from '../controller/clock.js';
 import type { AnyValue, CallSignal, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, TaskEndpoint } from '../controller/types.js';
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 
 /** SIGKILL's exit status, as a killed process reports it. */
 const KILLED = 137;

@@ -1,9 +1,9 @@
 import { copyFile, mkdir, rm, writeFile } from 'node:fs/promises';
-import { lstat } from '../fs-now.js';
+import { lstat } from '../base/fs-now.js';
 import { hostname as hostHostname } from 'node:os';
 import { join } from 'node:path';
 import type { PodSpec } from '../controller/pod-spec.js';
-import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../errors.js';
+import { TsboxError, allOrFirstError, ignoreError, isGone, messageOf, withPath } from '../base/errors.js';
 import { type Helper, runHelper } from './helper-service.js';
 import { isMountedAt } from './mountinfo.js';
 

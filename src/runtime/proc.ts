@@ -1,4 +1,4 @@
-import { readIfPresentNow } from '../errors.js';
+import { readIfPresentNow } from '../base/errors.js';
 
 /** What tsbox reads of /proc/PID/stat. */
 export interface ProcessStat {

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { watch, type FSWatcher } from 'node:fs';
 import { mkdir, rm, unlink } from 'node:fs/promises';
-import { readFile, writeProcFile } from '../fs-now.js';
+import { readFile, writeProcFile } from '../base/fs-now.js';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
@@ -18,7 +18,7 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../errors.js';
+import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../base/errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { ownCgroupDirs, sandboxCgroupPath, type CgroupManager } from './cgroups.js';
@@ -73,9 +73,9 @@ export interface ProcessBackendOptions {
 
 /**
  * The Task API v3 route as the backend uses it: pods of these CRI runtime handlers (names, as
- * src/task-routes.ts resolved them) get a supervisor that also owns the pod's task socket and
- * relays containerd's calls to tsbox's task service over the pod's link; containerd is told that
- * socket, version 3, and runs no shim for them.
+ * src/config/task-routes.ts resolved them) get a supervisor that also owns the pod's task socket
+ * and relays containerd's calls to tsbox's task service over the pod's link; containerd is told
+ * that socket, version 3, and runs no shim for them.
  */
 export interface TaskRoute {
   readonly handlers: readonly string[];

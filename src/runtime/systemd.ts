@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { DBusError, Message, MessageType, Variant, systemBus, type MessageBus } from '@jellybrick/dbus-next';
 import type { Logger } from 'pino';
 import type { Resources } from '../controller/pod-spec.js';
-import { TsboxError, ignoreError, messageOf } from '../errors.js';
+import { TsboxError, ignoreError, messageOf } from '../base/errors.js';
 import { sharesToWeight } from './cgroups.js';
 
 /**

@@ -3,7 +3,7 @@ import { lstat, readFile, readdir, readlink, unlink } from 'node:fs/promises';
 import { createConnection } from 'node:net';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
-import { isGone, readIfPresent, withPath } from '../errors.js';
+import { isGone, readIfPresent, withPath } from '../base/errors.js';
 import { processStartTime, signalProcess, untilGone } from './proc.js';
 
 /**

@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { recordSchema } from '../controller/record.js';
 import type { LoadedRecords, SandboxRecord } from '../controller/types.js';
-import { messageOf } from '../errors.js';
+import { messageOf } from '../base/errors.js';
 import { syncPath } from './sync.js';
 import type { StateLayout } from './layout.js';
 

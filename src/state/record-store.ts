@@ -2,8 +2,8 @@ import { mkdir, open, readdir, rename, rm, rmdir, unlink } from 'node:fs/promise
 import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import type { LoadedRecords, RecordStore, SandboxRecord } from '../controller/types.js';
-import { errnoOf, ignoreError } from '../errors.js';
-import { SerialQueue } from '../serial-queue.js';
+import { errnoOf, ignoreError } from '../base/errors.js';
+import { SerialQueue } from '../base/serial-queue.js';
 import type { StateLayout } from './layout.js';
 import { RECORD_FILE, RecordFiles } from './record-files.js';
 import { SharedDirSyncs, syncPath, type SyncFile } from './sync.js';

@@ -1,6 +1,6 @@
 import { connect, type Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { TsboxError, errnoOf, withPath } from '../errors.js';
+import { TsboxError, errnoOf, withPath } from '../base/errors.js';
 import { POD_PROTOCOL_VERSION } from '../ttrpc/pod-link.js';
 import type { LinkOptions, TtrpcServer } from '../ttrpc/server.js';
 

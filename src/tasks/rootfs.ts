@@ -1,7 +1,7 @@
 import { realpath } from 'node:fs/promises';
 import { isAbsolute, join, normalize, sep } from 'node:path';
 import type { CallSignal } from '../controller/types.js';
-import { TsboxError, isGone, messageOf, withPath } from '../errors.js';
+import { TsboxError, isGone, messageOf, withPath } from '../base/errors.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
 import { type Helper, runHelper } from '../runtime/helper-service.js';
 import { isMountedAt } from '../runtime/mountinfo.js';

@@ -1,10 +1,10 @@
 import { rmdir } from 'node:fs/promises';
-import { type ChangeCalls, readFile, readdirEntries, stat } from '../fs-now.js';
+import { type ChangeCalls, readFile, readdirEntries, stat } from '../base/fs-now.js';
 import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
 import { isSameProcess } from '../runtime/proc.js';
-import { allOrFirstError, isGone, withPath } from '../errors.js';
+import { allOrFirstError, isGone, withPath } from '../base/errors.js';
 
 /**
  * What `runc delete` does to a container whose init has ended, done without running runc:

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { TsboxError, abortError } from '../errors.js';
+import { TsboxError, abortError } from '../base/errors.js';
 import type { CallSignal } from '../controller/types.js';
 
 /**

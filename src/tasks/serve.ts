@@ -2,7 +2,7 @@ import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import { isGone, readIfPresent, readIfPresentNow, withPath } from '../errors.js';
+import { isGone, readIfPresent, readIfPresentNow, withPath } from '../base/errors.js';
 import { signalProcess } from '../runtime/proc.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
 import type { HelperService } from '../runtime/helper-service.js';

@@ -1,5 +1,5 @@
 import { validateNamespace } from '../controller/identifiers.js';
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 import { ProcessDetails } from '../gen/containerd/runc/v1/options.js';
 import { TaskService } from '../gen/containerd/task/v3/shim.js';
 import type { TtrpcCallContext, TtrpcServer } from '../ttrpc/server.js';

@@ -1,12 +1,12 @@
 import { createHash } from 'node:crypto';
 import { readdir } from 'node:fs/promises';
-import { type ChangeCalls, changesAt, changesFor, readFile } from '../fs-now.js';
+import { type ChangeCalls, changesAt, changesFor, readFile } from '../base/fs-now.js';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock } from '../controller/clock.js';
 import { validateIdentifier } from '../controller/identifiers.js';
 import type { AnyValue, CallSignal, ExitInfo } from '../controller/types.js';
-import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresentNow, withPath } from '../errors.js';
+import { TsboxError, abortError, ignoreError, isGone, isTsboxError, messageOf, readIfPresentNow, withPath } from '../base/errors.js';
 import { Options as RuncHandlerOptions } from '../gen/containerd/runc/v1/options.js';
 import type { Mount } from '../gen/containerd/types/mount.js';
 import { Status } from '../gen/containerd/v1/types/task.js';
@@ -19,7 +19,7 @@ import {
   hasPoststartHooks,
   sharesPidNamespace,
 } from '../runtime/container-holder.js';
-import { SerialQueue } from '../serial-queue.js';
+import { SerialQueue } from '../base/serial-queue.js';
 import { type Bound, boundOf } from '../runtime/bound.js';
 import type { HelperService } from '../runtime/helper-service.js';
 import { deleteStoppedContainer } from './runc-delete.js';

@@ -1,5 +1,5 @@
 import type { ServerUnaryCall } from '@grpc/grpc-js';
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 import { DEADLINE_MARGIN_MS, MAX_TIMER_MS } from './limits.js';
 
 /** The metadata key containerd puts its namespace in. */

@@ -4,7 +4,7 @@ import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
 import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
 import type { AnyValue, ExitInfo } from '../controller/types.js';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, messageOf } from '../base/errors.js';
 import {
   ControllerService,
   type ControllerCreateRequest,

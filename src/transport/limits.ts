@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import type { ServerOptions } from '@grpc/grpc-js';
-import { isGone, withPath } from '../errors.js';
+import { isGone, withPath } from '../base/errors.js';
 
 /**
  * The transport's limits, each with why it has its value. The peer is containerd: one

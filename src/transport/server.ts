@@ -3,7 +3,7 @@ import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import type { Logger } from 'pino';
 import type { Controller } from '../controller/controller.js';
-import { TsboxError } from '../errors.js';
+import { TsboxError } from '../base/errors.js';
 import { admitStreams, injectorHttp2Server } from './admission.js';
 import { ConnectionTable } from './connections.js';
 import { addControllerService } from './controller-service.js';

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { chmod, link, lstat, mkdir, unlink } from 'node:fs/promises';
 import { type Server as NetServer, connect } from 'node:net';
 import { basename, dirname, join } from 'node:path';
-import { TsboxError, messageOf } from '../errors.js';
+import { TsboxError, messageOf } from '../base/errors.js';
 
 /**
  * What a connection attempt to the unix socket at `path` finds within `timeoutMs`: a server

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { GRPC_CODES, TsboxError } from '../errors.js';
+import { GRPC_CODES, TsboxError } from '../base/errors.js';
 
 /** A gRPC status: code and plain message (no details, no metadata). */
 export interface Status {

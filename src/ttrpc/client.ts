@@ -1,5 +1,5 @@
 import { connect, type Socket } from 'node:net';
-import { GRPC_CODES } from '../errors.js';
+import { GRPC_CODES } from '../base/errors.js';
 import { Request, Response } from '../gen/ttrpc/request.js';
 import { FrameDecoder, FrameType, encodeFrame } from './frame.js';
 import { splitPath, type TtrpcMethod } from './server.js';
@@ -11,7 +11,7 @@ const DEADLINE_GRACE_MS = 1000;
 export class TtrpcError extends Error {
   override readonly name = 'TtrpcError';
   constructor(
-    /** A gRPC status code (errors.ts GRPC_CODES). */
+    /** A gRPC status code (GRPC_CODES in src/base/errors.ts). */
     readonly code: number,
     message: string,
   ) {

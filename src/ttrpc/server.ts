@@ -1,6 +1,6 @@
 import { createServer as createNetServer, type Server as NetServer, type Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { GRPC_CODES, TsboxError, messageOf } from '../errors.js';
+import { GRPC_CODES, TsboxError, messageOf } from '../base/errors.js';
 import { Request, Response } from '../gen/ttrpc/request.js';
 import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limits.js';
 import { listenUnixSocket } from '../transport/socket.js';

@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { GRPC_CODES } from '../../src/errors.js';
+import { GRPC_CODES } from '../../src/base/errors.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';

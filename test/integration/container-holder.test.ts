@@ -12,7 +12,7 @@ import { closeSync, constants, copyFileSync, existsSync, mkdirSync, openSync, re
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import {
   type ContainerHolder,
   type CreateOptions,

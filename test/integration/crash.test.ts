@@ -34,7 +34,7 @@ import {
   pauseSandbox,
   readRecord,
 } from '../support/crash-invariants.js';
-import { ignoreError } from '../../src/errors.js';
+import { ignoreError } from '../../src/base/errors.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { type TsboxClient, type TsboxDaemon, createTsbox, processAlive, waitFor } from '../support/tsbox-daemon.js';
 

@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import { HELPER_SERVERS, HelperService, runHelper, spawnArgs, spawnedAnswer } from '../../src/runtime/helper-service.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
 import { procInfo } from '../support/host.js';

@@ -10,7 +10,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { GRPC_CODES } from '../../src/errors.js';
+import { GRPC_CODES } from '../../src/base/errors.js';
 import { Response } from '../../src/gen/ttrpc/request.js';
 import { PodLinks } from '../../src/tasks/pod-links.js';
 import { FrameDecoder, FrameType } from '../../src/ttrpc/frame.js';

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import type { Mount } from '../../src/gen/containerd/types/mount.js';
 import { mountRootfs, unmountRootfs } from '../../src/tasks/rootfs.js';
 import { type Helper, HelperService } from '../../src/runtime/helper-service.js';

@@ -1,8 +1,9 @@
 /**
  * Task events on a real containerd (the one installed, 2.1.9 here): what tsbox publishes for
- * the containers of the Task API route (src/task-events.ts) reaches containerd's event bus with
- * its topic, in its namespace, in order, and decodes there: `ctr events` subscribes, and prints
- * an event only when containerd's typeurl resolves its Any, so the type URLs are checked too.
+ * the containers of the Task API route (src/containerd/task-events.ts) reaches containerd's event
+ * bus with its topic, in its namespace, in order, and decodes there: `ctr events` subscribes, and
+ * prints an event only when containerd's typeurl resolves its Any, so the type URLs are checked
+ * too.
  * The TaskOOM, which CRI reads for the OOMKilled reason, is sent at once and awaited, as before a
  * Wait answer (the end-to-end tests check CRI's reason itself).
  */
@@ -14,7 +15,7 @@ import { pino } from 'pino';
 import { type Containerd, containerdUnavailableReason, startContainerd } from '../support/containerd.js';
 import { uniqueNamespace } from '../support/host.js';
 import { killAndReap, makeTempDir, removeTree, waitFor } from '../support/processes.js';
-import { containerdTaskEvents } from '../../src/task-events.js';
+import { containerdTaskEvents } from '../../src/containerd/task-events.js';
 
 /** One line of `ctr events`: "<timestamp> <namespace> <topic> <event as JSON>". */
 interface Printed {

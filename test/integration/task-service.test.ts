@@ -11,7 +11,7 @@ import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, symlink
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
-import { GRPC_CODES } from '../../src/errors.js';
+import { GRPC_CODES } from '../../src/base/errors.js';
 import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { Status } from '../../src/gen/containerd/v1/types/task.js';
 import { Options as RuncOptions } from '../../src/gen/containerd/runc/v1/options.js';

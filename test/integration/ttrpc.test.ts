@@ -8,7 +8,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { GRPC_CODES, TsboxError, abortError } from '../../src/errors.js';
+import { GRPC_CODES, TsboxError, abortError } from '../../src/base/errors.js';
 import { ConnectRequest, TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { TtrpcServer, type TtrpcCallContext } from '../../src/ttrpc/server.js';

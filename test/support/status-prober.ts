@@ -9,7 +9,7 @@
 import { type ChildProcess, fork } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ignoreError } from '../../src/errors.js';
+import { ignoreError } from '../../src/base/errors.js';
 
 /** One probe's outcome: the state Status reported, or the error; how long it took. */
 export interface ProbeResult {

@@ -33,7 +33,7 @@ import {
 
 export * from './processes.js';
 
-/** The environment variable that arms a crash point (read once by config.ts). */
+/** The environment variable that arms a crash point (read once by src/config/config.ts). */
 export const CRASH_ENV = 'TSBOX_CRASH_AT';
 
 /** Path of the built tsbox entry point. */

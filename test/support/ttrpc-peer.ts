@@ -5,7 +5,7 @@
  * and the server process of the hostile tier (ttrpc-test-server.ts) both serve.
  */
 import type net from 'node:net';
-import { TsboxError, abortError } from '../../src/errors.js';
+import { TsboxError, abortError } from '../../src/base/errors.js';
 import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { Request, Response } from '../../src/gen/ttrpc/request.js';
 import { FrameDecoder, FrameType, encodeFrame } from '../../src/ttrpc/frame.js';

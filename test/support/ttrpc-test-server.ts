@@ -9,7 +9,7 @@
  */
 import { connect } from 'node:net';
 import { pino } from 'pino';
-import { TsboxError } from '../../src/errors.js';
+import { TsboxError } from '../../src/base/errors.js';
 import { POD_PROTOCOL_VERSION } from '../../src/ttrpc/pod-link.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { addTestMethods } from './ttrpc-peer.js';

@@ -8,12 +8,12 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../../src/errors.js';
+import { TsboxError, errnoOf, isGone, readIfPresent, withPath } from '../../src/base/errors.js';
 import { boundOf } from '../../src/runtime/bound.js';
 import { CgroupV1, CgroupV2 } from '../../src/runtime/cgroups.js';
 import { PodFiles, criDirs } from '../../src/runtime/pod-files.js';
 import { processStat } from '../../src/runtime/proc.js';
-import { SerialQueue } from '../../src/serial-queue.js';
+import { SerialQueue } from '../../src/base/serial-queue.js';
 
 const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-cleanup-unit-'));
 after(() => rmSync(scratch, { recursive: true, force: true }));

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { describe, test } from 'node:test';
-import { UsageError, parseCommand } from '../../src/cli.js';
+import { UsageError, parseCommand } from '../../src/cli/cli.js';
 
 describe('sandbox commands', () => {
   test('run with id, hostname, labels and a command after --', () => {

@@ -4,11 +4,12 @@
 import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { describe, test, type TestContext } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { parse as parseToml } from 'smol-toml';
-import { UsageError, containerdSnippet, parseCommand, type Command } from '../../src/cli.js';
-import { ConfigError, defaultConfig, readConfigFile, resolveConfig, type Config } from '../../src/config.js';
+import { UsageError, containerdSnippet, parseCommand, type Command } from '../../src/cli/cli.js';
+import { ConfigError, defaultConfig, readConfigFile, resolveConfig, type Config } from '../../src/config/config.js';
 
 /** Defaults as a non-root user with a known environment, so tests do not depend on the host. */
 const BASE: Config = defaultConfig({ XDG_RUNTIME_DIR: '/run/user/1000', HOME: '/home/op' }, 1000);
@@ -57,6 +58,11 @@ describe('defaultConfig', () => {
     const xdg = defaultConfig({ XDG_STATE_HOME: '/srv/state' }, 1001);
     assert.equal(xdg.stateDir, '/srv/state/tsbox');
     assert.equal(xdg.socket, '/tmp/tsbox-1001/tsbox/tsbox.sock');
+  });
+
+  test("the supervisor is the package's own build", () => {
+    const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+    assert.equal(BASE.shimPath, join(packageRoot, 'dist', 'bin', 'tsbox-shim'));
   });
 
   test('the defaults are valid as they are', () => {

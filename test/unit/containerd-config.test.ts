@@ -6,7 +6,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:f
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../../src/containerd-config.js';
+import { findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../../src/config/containerd-config.js';
 
 describe('CRI handlers of a sandboxer', () => {
   const dir = mkdtempSync(path.join(tmpdir(), 'cri-handlers-'));

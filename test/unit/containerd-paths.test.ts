@@ -7,9 +7,9 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { ConfigError, defaultConfig, resolveConfig, type Config } from '../../src/config.js';
-import { readContainerdConfig } from '../../src/containerd-config.js';
-import { CONTAINERD_DEFAULTS, pathsFromConfig, readContainerdPaths, withContainerdPaths } from '../../src/containerd-paths.js';
+import { ConfigError, defaultConfig, resolveConfig, type Config } from '../../src/config/config.js';
+import { readContainerdConfig } from '../../src/config/containerd-config.js';
+import { CONTAINERD_DEFAULTS, pathsFromConfig, readContainerdPaths, withContainerdPaths } from '../../src/config/containerd-paths.js';
 
 const problemsOf = (fn: () => unknown): readonly string[] => {
   try {

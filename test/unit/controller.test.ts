@@ -7,7 +7,7 @@ import { describe, test } from 'node:test';
 import { pino } from 'pino';
 import { Controller, UNKNOWN_EXIT_STATUS, type CreateRequest } from '../../src/controller/controller.js';
 import type { CallSignal, ExitInfo, HostPlatform, PodContainers, SandboxRecord } from '../../src/controller/types.js';
-import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/errors.js';
+import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/base/errors.js';
 import { PodSandboxConfig } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
 import {
   FakeBackend,

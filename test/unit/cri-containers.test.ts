@@ -1,4 +1,4 @@
-// What a Stop waits for on CRI (src/cri-containers.ts), against a fake Kubernetes
+// What a Stop waits for on CRI (src/containerd/cri-containers.ts), against a fake Kubernetes
 // RuntimeService on a unix socket: the question asked, waiting while a container of the pod is
 // still counted as running, and every way the wait ends without holding a Stop forever.
 import assert from 'node:assert/strict';
@@ -10,7 +10,7 @@ import { Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 import { pino } from 'pino';
-import { criPodContainers } from '../../src/cri-containers.js';
+import { criPodContainers } from '../../src/containerd/cri-containers.js';
 import { track } from '../support/fakes.js';
 import {
   ContainerState,

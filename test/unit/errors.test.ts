@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { status } from '@grpc/grpc-js';
-import { GRPC_CODES, type ErrorKind } from '../../src/errors.js';
+import { GRPC_CODES, type ErrorKind } from '../../src/base/errors.js';
 
 test('each error kind maps to the gRPC code of the same name', () => {
   const snake = (kind: string): string => kind.replace(/([a-z])([A-Z])/g, '$1_$2').toUpperCase();

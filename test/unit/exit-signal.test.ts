@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { Controller } from '../../src/controller/controller.js';
 import { ExitSignal } from '../../src/controller/exit-signal.js';
 import type { ExitInfo } from '../../src/controller/types.js';
-import { TsboxError, isTsboxError } from '../../src/errors.js';
+import { TsboxError, isTsboxError } from '../../src/base/errors.js';
 import { FakeBackend, FakeClock, MemoryRecordStore, waitExit } from '../support/fakes.js';
 
 const EXIT: ExitInfo = { status: 137, exitedAt: { seconds: 1_700_000_000, nanos: 42 }, reason: 'killed' };

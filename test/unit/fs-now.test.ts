@@ -3,7 +3,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { changesAt, changesFor } from '../../src/fs-now.js';
+import { changesAt, changesFor } from '../../src/base/fs-now.js';
 import { repoRoot } from '../support/containerd-clients.js';
 
 /** The file system type holding `path`, as coreutils' stat names it ("tmpfs", "ext2/ext3"): not the code under test's statfs. */

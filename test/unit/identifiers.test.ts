@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { MAX_IDENTIFIER_LENGTH, validateIdentifier, validateNamespace } from '../../src/controller/identifiers.js';
-import { isTsboxError, type ErrorKind } from '../../src/errors.js';
+import { isTsboxError, type ErrorKind } from '../../src/base/errors.js';
 
 const VALID = [
   'a',

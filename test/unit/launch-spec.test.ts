@@ -8,7 +8,7 @@ import { describe, test } from 'node:test';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { deriveLaunchSpec, isType, type CreateInput } from '../../src/controller/launch-spec.js';
 import type { AnyValue } from '../../src/controller/types.js';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 
 const NS = 'k8s.io';
 const ID = '5f1c2b3a4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8';

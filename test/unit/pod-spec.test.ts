@@ -8,7 +8,7 @@ import protobuf from 'protobufjs';
 import { deriveLaunchSpec } from '../../src/controller/launch-spec.js';
 import { resolvConfOf, sandboxLimits } from '../../src/controller/pod-spec.js';
 import { controllersFor, expandSlice, sandboxCgroupPath, sharesToWeight } from '../../src/runtime/cgroups.js';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import { debianProtoRoot } from '../support/containerd-clients.js';
 
 const root = new protobuf.Root();

@@ -6,7 +6,7 @@ import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, w
 import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import type { Mount } from '../../src/gen/containerd/types/mount.js';
 import { checkRootfsMounts, mountArgs, mountRootfs, mountTarget, unmountRootfs } from '../../src/tasks/rootfs.js';
 

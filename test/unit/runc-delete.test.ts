@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { boundOf } from '../../src/runtime/bound.js';
-import { type ChangeCalls, changesFor } from '../../src/fs-now.js';
+import { type ChangeCalls, changesFor } from '../../src/base/fs-now.js';
 import { deleteStoppedContainer } from '../../src/tasks/runc-delete.js';
 
 const work = mkdtempSync(path.join(os.tmpdir(), 'tsbox-runc-delete-'));

@@ -8,7 +8,7 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { TsboxError } from '../../src/errors.js';
+import { TsboxError } from '../../src/base/errors.js';
 import { isSocketLive, listenUnixSocket } from '../../src/transport/socket.js';
 
 /**

@@ -8,7 +8,7 @@ import {
   type SandboxEvent,
   type SandboxState,
 } from '../../src/controller/state-machine.js';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 
 const STATES: readonly SandboxState[] = ['created', 'starting', 'running', 'exited', 'removed'];
 const EVENTS: readonly SandboxEvent[] = ['start', 'started', 'start-failed', 'exit', 'stop-unstarted', 'remove'];

@@ -10,7 +10,7 @@ import { describe, test } from 'node:test';
 import { DBusError, Variant } from '@jellybrick/dbus-next';
 import { pino } from 'pino';
 import type { LaunchSpec } from '../../src/controller/types.js';
-import { isTsboxError } from '../../src/errors.js';
+import { isTsboxError } from '../../src/base/errors.js';
 import { ProcessBackend } from '../../src/runtime/process-backend.js';
 import { SystemdScopes, limitProperties, scopeUnit, sliceOf, type SystemdConnection } from '../../src/runtime/systemd.js';
 import { stateLayout } from '../../src/state/layout.js';

@@ -1,14 +1,14 @@
 /**
- * The task event queue (src/task-events.ts) over a fake sender: events go out in order, one
- * at a time; containerd away (UNAVAILABLE) is retried, other errors are not; a full queue drops
- * the newest with a warning; the awaited OOM event is bounded; close drops what waits.
+ * The task event queue (src/containerd/task-events.ts) over a fake sender: events go out in
+ * order, one at a time; containerd away (UNAVAILABLE) is retried, other errors are not; a full
+ * queue drops the newest with a warning; the awaited OOM event is bounded; close drops what waits.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 import { pino } from 'pino';
 import { TaskExit, TaskOOM } from '../../src/gen/containerd/events/task.js';
-import { EventQueue, type SendEvent, type TaskEvent } from '../../src/task-events.js';
+import { EventQueue, type SendEvent, type TaskEvent } from '../../src/containerd/task-events.js';
 
 const exit = { status: 3, exitedAt: { seconds: 1_700_000_000, nanos: 5 }, reason: 'exited with code 3' };
 

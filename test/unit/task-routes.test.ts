@@ -3,8 +3,8 @@
 // handlers containerd's config puts on tsbox.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import type { SandboxerHandler } from '../../src/containerd-config.js';
-import { RUNC_RUNTIME_TYPE, routeHandlers } from '../../src/task-routes.js';
+import type { SandboxerHandler } from '../../src/config/containerd-config.js';
+import { RUNC_RUNTIME_TYPE, routeHandlers } from '../../src/config/task-routes.js';
 
 const handler = (name: string, runtimeType: string): SandboxerHandler => ({ name, runtimeType, shim: undefined, file: '/etc/containerd/config.toml' });
 const NODE = [handler('tsbox', RUNC_RUNTIME_TYPE), handler('tsbox-kata', 'io.containerd.kata.v2'), handler('tsbox-fast', RUNC_RUNTIME_TYPE), handler('tsbox-untyped', '')];

@@ -7,14 +7,14 @@
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Command as Program, CommanderError, InvalidArgumentError, Option } from 'commander';
-import { ConfigError, DEFAULT_CONFIG_FILE, readConfigFile, resolveConfig, type Config, type ConfigInput } from './config.js';
-import { bashCompletion } from './cli-completion.js';
-import { withContainerdPaths } from './containerd-paths.js';
-import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from './ops/containerd-client.js';
-import { EXIT_CODE_HELP } from './ops/exit-codes.js';
-import { sandboxerTables } from './ops/install.js';
-import { systemdIsInit } from './runtime/systemd.js';
-import type { RunOptions } from './ops/sandbox-commands.js';
+import { ConfigError, DEFAULT_CONFIG_FILE, readConfigFile, resolveConfig, type Config, type ConfigInput } from '../config/config.js';
+import { bashCompletion } from './completion.js';
+import { withContainerdPaths } from '../config/containerd-paths.js';
+import { DEFAULT_CONTAINERD_ADDRESS, DEFAULT_NAMESPACE } from '../ops/containerd-client.js';
+import { EXIT_CODE_HELP } from '../ops/exit-codes.js';
+import { sandboxerTables } from '../ops/install.js';
+import { systemdIsInit } from '../runtime/systemd.js';
+import type { RunOptions } from '../ops/sandbox-commands.js';
 
 /** Where the operator commands reach containerd. */
 export interface ClientTarget {

@@ -16,9 +16,9 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from 'pino';
-import type { CallSignal, PodContainers } from './controller/types.js';
-import { messageOf } from './errors.js';
-import { ContainerState, RuntimeServiceClient, type ListContainersResponse } from './gen/runtime/v1/containers.js';
+import type { CallSignal, PodContainers } from '../controller/types.js';
+import { messageOf } from '../base/errors.js';
+import { ContainerState, RuntimeServiceClient, type ListContainersResponse } from '../gen/runtime/v1/containers.js';
 
 /** containerd's namespace for everything CRI makes (containerd's `constants.K8sContainerdNamespace`). */
 export const CRI_NAMESPACE = 'k8s.io';

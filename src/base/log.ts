@@ -1,6 +1,8 @@
-import { pino, type Logger } from 'pino';
+import { pino, type LevelWithSilent, type Logger } from 'pino';
 import { PinoPretty } from 'pino-pretty';
-import type { Config } from './config.js';
+
+/** How log entries are written: JSON lines, readable lines, or readable on a terminal only. */
+export type LogFormat = 'auto' | 'json' | 'pretty';
 
 /**
  * The one root logger; components and sandboxes get children. JSON lines on stdout (for
@@ -8,7 +10,7 @@ import type { Config } from './config.js';
  * terminal, prints one readable line per entry (pino-pretty, in-process and synchronous, so
  * no worker thread and nothing lost at exit).
  */
-export function createLogger(level: Config['logLevel'], format: Config['logFormat'] = 'json', isTty = process.stdout.isTTY === true): Logger {
+export function createLogger(level: LevelWithSilent, format: LogFormat = 'json', isTty = process.stdout.isTTY === true): Logger {
   const options = { level, base: { name: 'tsbox' }, timestamp: pino.stdTimeFunctions.isoTime };
   if (format === 'json' || (format === 'auto' && !isTty)) return pino(options);
   const stream = PinoPretty({

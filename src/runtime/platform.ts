@@ -1,4 +1,4 @@
-import type { HostPlatform } from './controller/types.js';
+import type { HostPlatform } from '../controller/types.js';
 
 /** Node's names for CPU architectures, in Go/OCI's spelling. */
 const GOARCH: Readonly<Record<string, string>> = {

@@ -110,9 +110,10 @@ export function readIfPresent(path: string, also: readonly string[] = []): Promi
 }
 
 /**
- * As readIfPresent, read at once on tsbox's thread (src/fs-now.ts): for tsbox's own small files,
- * cgroupfs and a process's /proc stat or cgroup, never for what can wait on another process or a
- * device (another process's cmdline takes its memory map's lock; a FUSE mount waits for its daemon).
+ * As readIfPresent, read at once on tsbox's thread (src/base/fs-now.ts): for tsbox's own small
+ * files, cgroupfs and a process's /proc stat or cgroup, never for what can wait on another process
+ * or a device (another process's cmdline takes its memory map's lock; a FUSE mount waits for its
+ * daemon).
  */
 export function readIfPresentNow(path: string, also: readonly string[] = []): Promise<string | undefined> {
   return readOrGone(path, also, readFileNow);

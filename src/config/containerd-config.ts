@@ -9,7 +9,7 @@
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
-import { isGone, messageOf, withPath } from './errors.js';
+import { isGone, messageOf, withPath } from '../base/errors.js';
 
 /** Finds a binary on PATH. */
 export function findOnPath(binary: string, path = process.env['PATH'] ?? ''): string | undefined {

@@ -10,7 +10,7 @@ import { existsSync } from 'node:fs';
 import { isAbsolute, normalize } from 'node:path';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from './config.js';
 import { type ContainerdConfigFiles, type Toml, readContainerdConfig } from './containerd-config.js';
-import { messageOf } from './errors.js';
+import { messageOf } from '../base/errors.js';
 
 /** What containerd 2.x uses for a key its config leaves out (its defaults package, on Linux). */
 export const CONTAINERD_DEFAULTS = {

@@ -7,8 +7,8 @@
  */
 import { status as GrpcStatus } from '@grpc/grpc-js';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { RecoverySummary } from './controller/controller.js';
-import type { ExitInfo, LaunchSpec, RecordStore, RunningSandbox, RuntimeBackend, SandboxRecord } from './controller/types.js';
+import type { RecoverySummary } from '../controller/controller.js';
+import type { ExitInfo, LaunchSpec, RecordStore, RunningSandbox, RuntimeBackend, SandboxRecord } from '../controller/types.js';
 
 /** gRPC status code names, for the `code` label (the numbers are the protocol's). */
 

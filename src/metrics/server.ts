@@ -6,10 +6,10 @@
 import { lstat } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { Logger } from 'pino';
-import { parseListenAddress } from './config.js';
-import { TsboxError, isGone, withPath } from './errors.js';
+import { parseListenAddress } from '../config/config.js';
+import { TsboxError, isGone, withPath } from '../base/errors.js';
 import type { DaemonMetrics } from './metrics.js';
-import { prepareSocketPath } from './transport/socket.js';
+import { prepareSocketPath } from '../transport/socket.js';
 
 /** A running metrics endpoint. */
 export interface MetricsServer {

@@ -13,7 +13,8 @@ export class ConfigError extends Error {
   }
 }
 
-const packageRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+/** The package's root: this file is dist/src/config/config.js in it. */
+const packageRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
 /** The defaults for this user: system paths as root, per-user paths otherwise. */
 export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = process.getuid?.() ?? 0): Config {
@@ -32,7 +33,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env, uid = proces
     shimPath: join(packageRoot, 'dist', 'bin', 'tsbox-shim'),
     namespaces: root,
     cgroupParent: 'tsbox',
-    // Empty: as containerd's config says (src/containerd-paths.ts).
+    // Empty: as containerd's config says (src/config/containerd-paths.ts).
     containerdAddress: '',
     containerdRoot: '',
     containerdState: '',
@@ -92,7 +93,7 @@ const schema = z
      * CRI runtime handlers whose pods' containers tsbox runs itself (Task API v3: no runc shim
      * per pod). `*` (the default) is every handler containerd's config puts on tsbox whose
      * runtime_type is runc's; empty is none. Pods of any other handler keep the version-2
-     * route, on which containerd runs the handler's shim per pod (src/task-routes.ts).
+     * route, on which containerd runs the handler's shim per pod (src/config/task-routes.ts).
      */
     taskApiHandlers: z.preprocess(
       (v) => (typeof v === 'string' ? v.split(',').map((h) => h.trim()).filter((h) => h !== '') : v),

@@ -13,11 +13,11 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from 'pino';
-import type { ExitInfo } from './controller/types.js';
-import { messageOf } from './errors.js';
-import { TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskStart } from './gen/containerd/events/task.js';
-import { EventsClient } from './gen/containerd/services/events/v1/events.js';
-import type { TaskEvents } from './tasks/tasks.js';
+import type { ExitInfo } from '../controller/types.js';
+import { messageOf } from '../base/errors.js';
+import { TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskStart } from '../gen/containerd/events/task.js';
+import { EventsClient } from '../gen/containerd/services/events/v1/events.js';
+import type { TaskEvents } from '../tasks/tasks.js';
 
 /** One event: its topic and its message as an Any whose type URL is the message's full name. */
 export interface TaskEvent {
