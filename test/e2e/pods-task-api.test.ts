@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
-import { createSandboxClients, grpc } from '../support/containerd-clients.js';
+import { createSandboxClients } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
 import { cgroupNode } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
