@@ -713,6 +713,7 @@ struct caller {
   struct endpoint ep;
   void (*ready)(void *arg);
   void *arg;
+  struct caller *next; /* in `callers`: a record that only epoll's data pointed to would be lost */
 };
 
 static int epfd = -1;
@@ -732,6 +733,8 @@ static struct client *dead_clients;
 static struct link *tsbox;
 static struct link *dead_links;
 static struct pending *pending_head, *pending_tail;
+/* The descriptors relay_watch took, kept for the relay's whole life. */
+static struct caller *callers;
 static struct pending *pending_table[PENDING_BUCKETS];
 static size_t npending;
 static uint64_t pending_bytes;
@@ -1358,6 +1361,8 @@ int relay_watch(int fd, void (*ready)(void *arg), void *arg) {
     errno = saved;
     return -1;
   }
+  w->next = callers;
+  callers = w;
   return 0;
 }
 

@@ -711,29 +711,40 @@ static int serve_mode(void) {
   if (sv_set_signals((const int[]){SIGPIPE, 0}, SIG_IGN) < 0) return fprintf(stderr, "serve: signal: %s\n", strerror(errno)), 1;
   char *line = NULL, *args[SERVE_MAX_ARGS];
   size_t line_cap = 0;
+  /* args[0] to args[held - 1] are allocated (getdelim), whether the request was whole or not. */
+  long held = 0;
+  int code;
   for (;;) {
     errno = 0;
     ssize_t n = getline(&line, &line_cap, stdin);
     if (n < 0) {
-      if (errno != 0) return fprintf(stderr, "serve: read a request: %s\n", strerror(errno)), 1;
-      return 0; /* end of file: tsbox is done with it */
+      /* end of file: tsbox is done with it */
+      code = errno != 0 ? (fprintf(stderr, "serve: read a request: %s\n", strerror(errno)), 1) : 0;
+      break;
     }
     char *end;
     long nargs = strtol(line, &end, 10);
     if (end == line || *end != '\n' || nargs < 1 || nargs > SERVE_MAX_ARGS) {
       fprintf(stderr, "serve: a request must begin with its argument count (1 to %d) and a newline\n", SERVE_MAX_ARGS);
-      return 2;
+      code = 2;
+      break;
     }
     size_t total = 0;
-    for (long i = 0; i < nargs; i++) {
+    int whole = 1;
+    for (long i = 0; i < nargs && whole; i++) {
       size_t cap = 0;
       args[i] = NULL;
+      held = i + 1;
       errno = 0;
       ssize_t got = getdelim(&args[i], &cap, '\0', stdin);
       if (got <= 0 || args[i][got - 1] != '\0' || (total += (size_t)got) > SERVE_MAX_BYTES) {
         fprintf(stderr, "serve: argument %ld of %ld: %s\n", i + 1, nargs, errno != 0 ? strerror(errno) : got > 0 ? "the request is too large" : "missing (end of file)");
-        return 2;
+        whole = 0;
       }
+    }
+    if (!whole) {
+      code = 2;
+      break;
     }
     int known = strcmp(args[0], "mount") == 0 || strcmp(args[0], "umount") == 0 || strcmp(args[0], "umount-all") == 0 ||
                 strcmp(args[0], "spawn") == 0;
@@ -747,9 +758,16 @@ static int serve_mode(void) {
       int hlen = snprintf(head, sizeof head, "2 0 %d\n", slen);
       rc = sv_write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || sv_write_all(STDOUT_FILENO, said, (size_t)slen) < 0 ? -1 : 0;
     }
-    for (long i = 0; i < nargs; i++) free(args[i]);
-    if (rc < 0) return 1;
+    for (long i = 0; i < held; i++) free(args[i]);
+    held = 0;
+    if (rc < 0) {
+      code = 1;
+      break;
+    }
   }
+  for (long i = 0; i < held; i++) free(args[i]);
+  free(line);
+  return code;
 }
 
 static int helper_mode(int argc, char **argv) {
