@@ -32,6 +32,7 @@
  */
 #define _GNU_SOURCE
 #include "relay.h"
+#include "supervise.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -712,20 +713,13 @@ struct caller {
   struct endpoint ep;
   void (*ready)(void *arg);
   void *arg;
-};
-
-/* A socket relay_listen bound, known by its inode so that only it is ever removed. */
-struct bound {
-  const char *path;
-  dev_t dev;
-  ino_t ino;
-  int made;
+  struct caller *next; /* in `callers`: a record that only epoll's data pointed to would be lost */
 };
 
 static int epfd = -1;
 static struct endpoint task_listener = {KIND_TASK_LISTENER, -1};
 static struct endpoint link_listener = {KIND_LINK_LISTENER, -1};
-static struct bound task_bound, link_bound;
+static struct sv_bound task_bound, link_bound;
 /* Kept open to be given up when descriptors run out, so that a connection can be refused. */
 static int spare_fd = -1;
 /* Listeners whose accept failed for want of resources: not watched until the next sweep. */
@@ -739,6 +733,8 @@ static struct client *dead_clients;
 static struct link *tsbox;
 static struct link *dead_links;
 static struct pending *pending_head, *pending_tail;
+/* The descriptors relay_watch took, kept for the relay's whole life. */
+static struct caller *callers;
 static struct pending *pending_table[PENDING_BUCKETS];
 static size_t npending;
 static uint64_t pending_bytes;
@@ -1298,114 +1294,16 @@ static void free_dead(void) {
 
 /* ---- start-up ---- */
 
-static int fail_errno(char *err, size_t errlen, const char *syscall, const char *path) {
-  snprintf(err, errlen, "%s %s: %s", syscall, path, strerror(errno));
-  return -1;
-}
-
-/* mkdir -p of `path`'s directory, mode 0755 for what it makes. */
-static int make_parent(const char *path, char *err, size_t errlen) {
-  char dir[PATH_MAX];
-  if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) {
-    errno = ENAMETOOLONG;
-    return fail_errno(err, errlen, "mkdir", path);
-  }
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL || slash == dir) return 0; /* the working directory, or the root */
-  *slash = 0;
-  for (char *p = dir + 1;; p++) {
-    if (*p != '/' && *p != 0) continue;
-    char saved = *p;
-    *p = 0;
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return fail_errno(err, errlen, "mkdir", dir);
-    *p = saved;
-    if (saved == 0) break;
-  }
-  struct stat st;
-  if (stat(dir, &st) < 0) return fail_errno(err, errlen, "stat", dir);
-  if (!S_ISDIR(st.st_mode)) {
-    errno = ENOTDIR;
-    return fail_errno(err, errlen, "mkdir", dir);
-  }
-  return 0;
-}
-
-static int socket_address(const char *path, struct sockaddr_un *addr) {
-  memset(addr, 0, sizeof *addr);
-  addr->sun_family = AF_UNIX;
-  if (strlen(path) >= sizeof addr->sun_path) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  memcpy(addr->sun_path, path, strlen(path));
-  return 0;
-}
-
 /*
- * 1 when a server answers at `path`: it accepts, or is too busy to accept yet (still a live
- * server); 0 when refused or anything else (nobody serves there); -1 with errno when it cannot
- * be asked.
+ * Listens on `path` as src/transport/socket.ts prepares and claims a socket (sv_listen: its
+ * directory made, a stale socket replaced, a live one or a non-socket refused; mode 0600), and
+ * watches it.
  */
-static int socket_live(const char *path) {
-  struct sockaddr_un addr;
-  if (socket_address(path, &addr) < 0) return -1;
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+static int listen_on(struct endpoint *ep, struct sv_bound *b, const char *path, char *err, size_t errlen) {
+  int fd = sv_listen(path, LISTEN_BACKLOG, b, err, errlen);
   if (fd < 0) return -1;
-  int live = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 || errno == EINPROGRESS || errno == EAGAIN;
-  if (close(fd) < 0 && errno != EINTR) { /* a probe: released whatever close says */ }
-  return live;
-}
-
-/*
- * Listens on `path` as src/transport/socket.ts prepares and claims a socket: its directory
- * made, a stale socket replaced, a live one or a non-socket refused; mode 0600.
- */
-static int listen_on(struct endpoint *ep, struct bound *b, const char *path, char *err, size_t errlen) {
-  if (make_parent(path, err, errlen) < 0) return -1;
-  struct stat st;
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      snprintf(err, errlen, "%s exists and is not a socket; refusing to replace it", path);
-      return -1;
-    }
-    int live = socket_live(path);
-    if (live < 0) return fail_errno(err, errlen, "connect", path);
-    if (live) {
-      snprintf(err, errlen, "another server is already listening on %s", path);
-      return -1;
-    }
-    if (unlink(path) < 0 && errno != ENOENT) return fail_errno(err, errlen, "unlink", path);
-  } else if (errno != ENOENT) {
-    return fail_errno(err, errlen, "lstat", path);
-  }
-  struct sockaddr_un addr;
-  if (socket_address(path, &addr) < 0) return fail_errno(err, errlen, "bind", path);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return fail_errno(err, errlen, "socket", path);
-  /* Nobody but its owner reaches it from its first moment, not only once chmod ran. */
-  mode_t old = umask(0177);
-  int bound = bind(fd, (struct sockaddr *)&addr, sizeof addr);
-  int e = errno;
-  umask(old);
-  const char *failed = NULL;
-  if (bound < 0) {
-    errno = e;
-    failed = "bind";
-  } else if (lstat(path, &st) < 0) {
-    failed = "lstat";
-  } else {
-    /* Known by its inode from here: whatever fails next, release_all removes it. */
-    *b = (struct bound){.path = path, .dev = st.st_dev, .ino = st.st_ino, .made = 1};
-    if (listen(fd, LISTEN_BACKLOG) < 0) failed = "listen";
-    else if (chmod(path, 0600) < 0) failed = "chmod";
-  }
-  if (failed != NULL) {
-    fail_errno(err, errlen, failed, path);
-    (void)close(fd); /* the socket is abandoned whatever close says */
-    return -1;
-  }
   ep->fd = fd;
-  if (watch(ep, EPOLLIN, EPOLL_CTL_ADD) < 0) return fail_errno(err, errlen, "epoll_ctl", path);
+  if (watch(ep, EPOLLIN, EPOLL_CTL_ADD) < 0) return sv_fail_errno(err, errlen, "epoll_ctl", path);
   return 0;
 }
 
@@ -1422,16 +1320,16 @@ static void release_all(void) {
 int relay_listen(const struct relay_options *o, char *err, size_t errlen) {
   opts = o;
   log_max = o->log_max_bytes != 0 ? o->log_max_bytes : RELAY_LOG_MAX_BYTES;
-  if (o->log_path != NULL && open_log(o->log_path) < 0) return fail_errno(err, errlen, "open", o->log_path);
+  if (o->log_path != NULL && open_log(o->log_path) < 0) return sv_fail_errno(err, errlen, "open", o->log_path);
   epfd = epoll_create1(EPOLL_CLOEXEC);
   if (epfd < 0) {
-    fail_errno(err, errlen, "epoll_create1", "epoll");
+    sv_fail_errno(err, errlen, "epoll_create1", "epoll");
     release_all();
     return -1;
   }
   spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (spare_fd < 0) {
-    fail_errno(err, errlen, "open", "/dev/null");
+    sv_fail_errno(err, errlen, "open", "/dev/null");
     release_all();
     return -1;
   }
@@ -1463,6 +1361,8 @@ int relay_watch(int fd, void (*ready)(void *arg), void *arg) {
     errno = saved;
     return -1;
   }
+  w->next = callers;
+  callers = w;
   return 0;
 }
 
@@ -1471,17 +1371,9 @@ void relay_stop(int code) {
   stop_code = code;
 }
 
-static void unlink_bound(struct bound *b) {
-  if (!b->made) return;
-  b->made = 0;
-  struct stat st;
-  if (lstat(b->path, &st) < 0) {
-    if (errno != ENOENT) relay_log_errno(RELAY_WARN, "cannot remove a socket file", errno, "lstat", b->path);
-    return;
-  }
-  /* Another server's since: it is not this relay's to remove. */
-  if (st.st_dev != b->dev || st.st_ino != b->ino) return;
-  if (unlink(b->path) < 0 && errno != ENOENT) relay_log_errno(RELAY_WARN, "cannot remove a socket file", errno, "unlink", b->path);
+static void unlink_bound(struct sv_bound *b) {
+  const char *call = NULL;
+  if (sv_unlink_bound(b, &call) < 0) relay_log_errno(RELAY_WARN, "cannot remove a socket file", errno, call, b->path);
 }
 
 void relay_unlink(void) {

@@ -5,8 +5,9 @@
  * mode). It keeps, outside of tsbox, everything a container needs for as long as it runs:
  * runc's children (it is their subreaper, so only it can read the real exit status), the
  * container's FIFO ends, the pty master and its relay, and the exit status, written down
- * the way tsbox-shim writes a sandbox's. A restart or a crash of tsbox ends no container and
- * loses no exit code.
+ * as tsbox-shim writes a sandbox's: the records, the answer, the control socket and the
+ * unmount of the rootfs are the supervision library's (supervise.h), which both programs
+ * share. A restart or a crash of tsbox ends no container and loses no exit code.
  *
  * Usage:
  *   tsbox-ctr create --dir DIR --bundle B --id ID --root R [--stdin P] [--stdout P]
@@ -92,7 +93,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "unmount-tree.h"
+#include "supervise.h"
 
 #define MAX_CLIENTS 32
 #define RELAY_BUF 32768
@@ -101,8 +102,6 @@
 #define DRAIN_MS 5000
 
 static const char *dir;
-static char reply[2048];
-static int reply_fd = STDOUT_FILENO;
 /* Set once the container or exec exists: a failed start must remove it. */
 static const char *runc_bin = "runc";
 static const char *root, *id;
@@ -118,102 +117,8 @@ static pid_t proc_pid = 0;
 
 static void cleanup_created(void);
 
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  int n = snprintf(reply, sizeof reply, "error ");
-  va_start(ap, fmt);
-  vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
-  va_end(ap);
-  cleanup_created();
-  size_t len = strlen(reply);
-  reply[len] = '\n';
-  if (write(reply_fd, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
-  _exit(1);
-}
-
-static int write_all(int fd, const char *buf, size_t len) {
-  while (len > 0) {
-    ssize_t n = write(fd, buf, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    buf += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 static void path_in_dir(char *out, size_t size, const char *name) {
-  if ((size_t)snprintf(out, size, "%s/%s", dir, name) >= size) fail("path %s/%s is too long", dir, name);
-}
-
-/* As tsbox-shim: temp file, rename; `durable` also fsyncs the file and the directory. */
-static int write_file_atomic(const char *name, const char *content, int durable) {
-  char tmp[4096], path[4096];
-  snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -1;
-  if (write_all(fd, content, strlen(content)) < 0 || (durable && fsync(fd) < 0)) {
-    int saved = errno;
-    (void)close(fd); /* the write already failed; errno says why */
-    errno = saved;
-    return -1;
-  }
-  if (close(fd) < 0) return -1;
-  if (rename(tmp, path) < 0) return -1;
-  if (!durable) return 0;
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return -1;
-  if (fsync(dfd) < 0) {
-    int saved = errno;
-    (void)close(dfd); /* the fsync already failed; errno says why */
-    errno = saved;
-    return -1;
-  }
-  return close(dfd);
-}
-
-/* /proc/PID/stat into buf (NUL-terminated); 0, or -1 with errno set. */
-static int read_stat(pid_t pid, char *buf, size_t size) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n;
-  do n = read(fd, buf, size - 1);
-  while (n < 0 && errno == EINTR);
-  int saved = errno;
-  if (close(fd) < 0 && n >= 0) return -1;
-  if (n < 0) {
-    errno = saved;
-    return -1;
-  }
-  buf[n] = '\0';
-  return 0;
-}
-
-/* Field 22 of /proc/PID/stat (start time in clock ticks), or 0 on failure with errno set. */
-static unsigned long long start_time(pid_t pid) {
-  char buf[1024];
-  if (read_stat(pid, buf, sizeof buf) < 0) return 0;
-  /* The command name (field 2) may contain spaces and ')': fields count from the last ')'. */
-  char *p = strrchr(buf, ')');
-  if (p == NULL) {
-    errno = EINVAL;
-    return 0;
-  }
-  p++;
-  for (int field = 2; field < 21 && p != NULL; field++) p = strchr(p + 1, ' ');
-  if (p == NULL) {
-    errno = EINVAL;
-    return 0;
-  }
-  errno = 0;
-  unsigned long long v = strtoull(p + 1, NULL, 10);
-  if (v == 0 && errno == 0) errno = EINVAL;
-  return v;
+  if (sv_path(out, size, dir, name) < 0) sv_fail("path %s/%s is too long", dir, name);
 }
 
 /* ---- runc ---------------------------------------------------------------------------- */
@@ -420,14 +325,14 @@ static void cleanup_created(void) {
  */
 static int open_fifo(const char *path, int flags, int *second) {
   int r = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (r < 0) fail("open %s: %s", path, strerror(errno));
+  if (r < 0) sv_fail("open %s: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(r, &st) < 0) fail("stat %s: %s", path, strerror(errno));
-  if (!S_ISFIFO(st.st_mode)) fail("%s is not a FIFO", path);
+  if (fstat(r, &st) < 0) sv_fail("stat %s: %s", path, strerror(errno));
+  if (!S_ISFIFO(st.st_mode)) sv_fail("%s is not a FIFO", path);
   char self[64];
   snprintf(self, sizeof self, "/proc/self/fd/%d", r);
   *second = open(self, flags | O_CLOEXEC | O_NOCTTY);
-  if (*second < 0) fail("open %s again: %s", path, strerror(errno));
+  if (*second < 0) sv_fail("open %s again: %s", path, strerror(errno));
   return r;
 }
 
@@ -437,26 +342,20 @@ static int set_nonblock(int fd, int on) {
   return fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
 }
 
-/* Listens on DIR/NAME (a stream socket, 0600 by umask); fails the start when it cannot. */
-static int listen_at(const char *name, char *path, size_t pathsize) {
+/* Listens on DIR/NAME (sv_listen: mode 0600, a stale socket replaced); fails the start when it cannot. */
+static int listen_at(const char *name, char *path, size_t pathsize, struct sv_bound *bound) {
   path_in_dir(path, pathsize, name);
-  struct sockaddr_un addr;
-  memset(&addr, 0, sizeof addr);
-  addr.sun_family = AF_UNIX;
-  if (strlen(path) >= sizeof addr.sun_path) fail("socket path %s is longer than %zu bytes", path, sizeof addr.sun_path - 1);
-  strcpy(addr.sun_path, path);
-  if (unlink(path) < 0 && errno != ENOENT) fail("remove %s: %s", path, strerror(errno));
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) fail("socket: %s", strerror(errno));
-  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0) fail("bind %s: %s", path, strerror(errno));
-  if (listen(fd, 16) < 0) fail("listen %s: %s", path, strerror(errno));
+  char why[PATH_MAX + 128];
+  int fd = sv_listen(path, 16, bound, why, sizeof why);
+  if (fd < 0) sv_fail("%s", why);
   return fd;
 }
 
 /* The pty master runc sent over the console socket (SCM_RIGHTS), after runc has exited. */
-static int receive_master(int lfd, const char *path) {
+static int receive_master(int lfd, struct sv_bound *bound) {
+  const char *path = bound->path;
   int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-  if (conn < 0) fail("runc sent no terminal on %s: %s", path, strerror(errno));
+  if (conn < 0) sv_fail("runc sent no terminal on %s: %s", path, strerror(errno));
   char data[256];
   struct iovec iov = {data, sizeof data};
   union {
@@ -472,16 +371,16 @@ static int receive_master(int lfd, const char *path) {
   ssize_t n;
   do n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
-  if (n < 0) fail("receive the terminal on %s: %s", path, strerror(errno));
+  if (n < 0) sv_fail("receive the terminal on %s: %s", path, strerror(errno));
   struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
   if (c == NULL || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
-    fail("runc sent no terminal on %s", path);
+    sv_fail("runc sent no terminal on %s", path);
   int master;
   memcpy(&master, CMSG_DATA(c), sizeof master);
-  if (close(conn) < 0) fail("close the console connection: %s", strerror(errno));
-  if (close(lfd) < 0) fail("close %s: %s", path, strerror(errno));
-  if (unlink(path) < 0) fail("remove %s: %s", path, strerror(errno));
-  if (set_nonblock(master, 1) < 0) fail("make the terminal non-blocking: %s", strerror(errno));
+  if (close(conn) < 0) sv_fail("close the console connection: %s", strerror(errno));
+  if (close(lfd) < 0) sv_fail("close %s: %s", path, strerror(errno));
+  if (sv_unlink_bound(bound, NULL) < 0) sv_fail("remove %s: %s", path, strerror(errno));
+  if (set_nonblock(master, 1) < 0) sv_fail("make the terminal non-blocking: %s", strerror(errno));
   return master;
 }
 
@@ -493,7 +392,7 @@ static void close_fd(int *fd);
 static int process_dead(pid_t pid) {
   char buf[1024];
   /* Gone (ENOENT, ESRCH) is dead; any other failure to look says nothing: not dead yet. */
-  if (read_stat(pid, buf, sizeof buf) < 0) return errno == ENOENT || errno == ESRCH;
+  if (sv_read_stat(pid, buf, sizeof buf) < 0) return errno == ENOENT || errno == ESRCH;
   const char *paren = strrchr(buf, ')');
   return paren != NULL && paren[1] == ' ' && paren[2] == 'Z';
 }
@@ -570,6 +469,7 @@ static struct client clients[MAX_CLIENTS];
 static int nclients = 0;
 static int ctl_fd = -1;
 static char ctl_path[4096];
+static struct sv_bound ctl_bound;
 static int started = 0;
 static int exited = 0;
 static char exit_line[96];
@@ -624,16 +524,7 @@ static long long oom_base = 0, oom_kills = 0;
 /* The "oom_kill N" field of a cgroup's memory.events or memory.oom_control; -1 if unreadable. */
 static long long read_oom_kills(const char *file) {
   char buf[2048];
-  int fd = open(file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n;
-  do n = read(fd, buf, sizeof buf - 1);
-  while (n < 0 && errno == EINTR);
-  int saved = errno;
-  if (close(fd) < 0) { /* read-only: nothing was lost */ }
-  errno = saved;
-  if (n < 0) return -1;
-  buf[n] = '\0';
+  if (sv_read_file(file, buf, sizeof buf) < 0) return -1;
   for (const char *at = buf; at != NULL && *at != '\0'; at = strchr(at, '\n'), at = at == NULL ? NULL : at + 1) {
     if (strncmp(at, "oom_kill ", 9) == 0) return strtoll(at + 9, NULL, 10);
   }
@@ -671,7 +562,7 @@ static int watch_oom(const char *file, char *why, size_t whysize) {
     int ofd = open(file, O_RDONLY | O_CLOEXEC);
     int cfd = ofd < 0 ? -1 : open(control, O_WRONLY | O_CLOEXEC);
     int n = snprintf(line, sizeof line, "%d %d", fd, ofd);
-    if (ofd < 0 || cfd < 0 || write_all(cfd, line, (size_t)n) < 0) {
+    if (ofd < 0 || cfd < 0 || sv_write_all(cfd, line, (size_t)n) < 0) {
       snprintf(why, whysize, "register for OOM events in %.300s: %s", control, strerror(errno));
       close_fd(&cfd);
       close_fd(&ofd);
@@ -732,46 +623,11 @@ static const char *kill_mount = NULL;
 static int kill_v1 = 0;
 static char kill_dir[4096];
 
-/* Reads at most size - 1 bytes of FILE, NUL-terminated; the length, or -1 with errno. */
-static ssize_t read_text(const char *file, char *buf, size_t size) {
-  int fd = open(file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  size_t len = 0;
-  for (;;) {
-    ssize_t n = read(fd, buf + len, size - 1 - len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int saved = errno;
-      if (close(fd) < 0) { /* read-only: nothing was lost */ }
-      errno = saved;
-      return -1;
-    }
-    if (n == 0) break;
-    len += (size_t)n;
-    if (len == size - 1) break;
-  }
-  if (close(fd) < 0) { /* read-only: nothing was lost */ }
-  buf[len] = '\0';
-  return (ssize_t)len;
-}
-
-static int write_text(const char *file, const char *text) {
-  int fd = open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  if (write_all(fd, text, strlen(text)) < 0) {
-    int saved = errno;
-    if (close(fd) < 0) { /* the write's error is the one to tell */ }
-    errno = saved;
-    return -1;
-  }
-  return close(fd);
-}
-
 /* Sets kill_dir from PID's /proc/PID/cgroup; left empty (runc does the kill) when not found. */
 static void locate_kill_cgroup(pid_t pid) {
   char file[64], buf[8192];
   snprintf(file, sizeof file, "/proc/%d/cgroup", (int)pid);
-  if (read_text(file, buf, sizeof buf) < 0) return;
+  if (sv_read_file(file, buf, sizeof buf) < 0) return;
   for (char *line = buf; line != NULL && *line != '\0';) {
     char *next = strchr(line, '\n');
     if (next != NULL) *next++ = '\0';
@@ -829,19 +685,19 @@ static int kill_cgroup(void) {
   char file[4200], state[64];
   if (!kill_v1) {
     snprintf(file, sizeof file, "%s/cgroup.kill", kill_dir);
-    if (write_text(file, "1") == 0) return 0;
+    if (sv_write_text(file, "1") == 0) return 0;
     return errno == ENOENT && access(kill_dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
   }
   snprintf(file, sizeof file, "%s/freezer.state", kill_dir);
-  if (write_text(file, "FROZEN") < 0) return errno == ENOENT && access(kill_dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
+  if (sv_write_text(file, "FROZEN") < 0) return errno == ENOENT && access(kill_dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
   /* FREEZING until every task is frozen; one that never is (bounded: 2 s) is killed all the same. */
   for (int i = 0; i < 2000; i++) {
-    if (read_text(file, state, sizeof state) < 0 || strncmp(state, "FREEZING", 8) != 0) break;
+    if (sv_read_file(file, state, sizeof state) < 0 || strncmp(state, "FREEZING", 8) != 0) break;
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
   }
   kill_procs_below(kill_dir, 8);
-  return write_text(file, "THAWED") < 0 ? -1 : 0;
+  return sv_write_text(file, "THAWED") < 0 ? -1 : 0;
 }
 
 static void handle_request(struct client *c, char *line) {
@@ -969,7 +825,7 @@ static void unmount_bundle_rootfs(void) {
   char path[PATH_MAX], root[PATH_MAX], why[PATH_MAX + 256];
   int n = snprintf(path, sizeof path, "%s/rootfs", bundle_dir);
   if (n < 0 || (size_t)n >= sizeof path || realpath(path, root) == NULL || strcmp(root, "/") == 0) return;
-  if (unmount_tree(root, 0, NULL, why, sizeof why) < 0) { /* Delete does it */ }
+  if (sv_unmount_tree(root, 0, NULL, why, sizeof why) < 0) { /* Delete does it */ }
 }
 
 /* Serves the control socket and the relay until the process exits; returns its exit code. */
@@ -1014,30 +870,12 @@ static int serve(int sigfd, int kill_all, const char *notify) {
 
     struct signalfd_siginfo si;
     if (read(sigfd, &si, sizeof si) < 0 && errno != EAGAIN) return 2;
-    /* Each zombie is looked at before it is reaped (WNOWAIT): orphans reparented to the
-       subreaper are reaped by pid and forgotten, so the process's own status is never
-       taken by a wait for any child. Its exit time is taken while it is still a zombie. */
-    int found = 0;
-    for (;;) {
-      siginfo_t info;
-      info.si_pid = 0;
-      if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) break;
-      if (info.si_pid == proc_pid) {
-        found = 1;
-        break;
-      }
-      while (waitpid(info.si_pid, NULL, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (!found) continue;
-    struct timespec now = {0, 0};
-    if (clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
-    int status, code = 255;
-    pid_t w;
-    do w = waitpid(proc_pid, &status, 0);
-    while (w < 0 && errno == EINTR);
-    if (w == proc_pid && WIFEXITED(status)) code = WEXITSTATUS(status);
-    else if (w == proc_pid && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+    /* Orphans reparented to the subreaper are reaped and forgotten, so the process's own
+       status is never taken by a wait for any child (a failed wait: the next SIGCHLD tries
+       again). Its exit time is taken while it is still a zombie. */
+    if (sv_reap_others(proc_pid, NULL) != proc_pid) continue;
+    struct sv_exit ended;
+    sv_reap(proc_pid, &ended);
     if (kill_all && kill_cgroup() < 0) {
       /* No pid namespace of its own: the kernel ends nothing else when the init ends. runc
          ≤ 1.1 signals the cgroup's processes for --all; ≥ 1.2 does so for KILL by itself. */
@@ -1048,23 +886,17 @@ static int serve(int sigfd, int kill_all, const char *notify) {
       }
     }
     if (unmount_rootfs) unmount_bundle_rootfs();
-    snprintf(exit_line, sizeof exit_line, "%d %lld %ld", code, (long long)now.tv_sec, now.tv_nsec);
-    char content[112];
-    snprintf(content, sizeof content, "%s\n", exit_line);
-    if (write_file_atomic("exit", content, 1) < 0) return 2;
+    sv_exit_line(&ended, exit_line, sizeof exit_line);
+    int rc = sv_record_exit(dir, &ended, notify, NULL);
+    if (rc == 2) return 2;
     exited = 1;
-    int rc = 0;
-    if (notify != NULL) {
-      int fd = open(notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-      if (fd < 0 || close(fd) < 0) rc = 3;
-    }
     for (int i = nclients - 1; i >= 0; i--) {
       if (clients[i].waiting) answer(&clients[i], "exited %s", exit_line);
       drop_client(i);
     }
     close_fd(&ctl_fd);
     close_fd(&oom_fd);
-    if (unlink(ctl_path) < 0 && errno != ENOENT) { /* the file is left; nothing listens on it */ }
+    if (sv_unlink_bound(&ctl_bound, NULL) < 0) { /* the file is left; nothing listens on it */ }
     close_fd(&relay_in);
     if (clock_gettime(CLOCK_MONOTONIC, &drain_start) < 0) drain_start = (struct timespec){0, 0};
     if (rc != 0) return rc;
@@ -1079,6 +911,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   exec_mode = strcmp(argv[1], "exec") == 0;
+  sv_answer_undo(cleanup_created);
   const char *bundle = NULL, *process = NULL, *notify = NULL;
   const char *in_path = "", *out_path = "", *err_path = "";
   int terminal = 0, kill_all = 0;
@@ -1090,7 +923,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--kill-all") == 0) kill_all = 1;
     else if (strcmp(a, "--direct-start") == 0) direct_start = 1;
     else if (strcmp(a, "--unmount-rootfs") == 0) unmount_rootfs = 1;
-    else if (v == NULL) fail("option %s needs a value", a);
+    else if (v == NULL) sv_fail("option %s needs a value", a);
     else if (strcmp(a, "--dir") == 0) dir = v, i++;
     else if (strcmp(a, "--bundle") == 0) bundle = v, i++;
     else if (strcmp(a, "--id") == 0) id = v, i++;
@@ -1103,41 +936,36 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--notify") == 0) notify = v, i++;
     else if (strcmp(a, "--kill-all-v2") == 0) kill_all = 1, kill_mount = v, kill_v1 = 0, i++;
     else if (strcmp(a, "--kill-all-freezer") == 0) kill_all = 1, kill_mount = v, kill_v1 = 1, i++;
-    else fail("unknown option %s", a);
+    else sv_fail("unknown option %s", a);
   }
-  if (dir == NULL || dir[0] != '/') fail("--dir must be an absolute path");
-  if (id == NULL || id[0] == '\0' || id[0] == '-') fail("--id is required");
-  if (root == NULL || root[0] != '/') fail("--root must be an absolute path");
-  if (!exec_mode && (bundle == NULL || bundle[0] != '/')) fail("--bundle must be an absolute path");
-  if (exec_mode && (process == NULL || process[0] != '/')) fail("--process must be an absolute path");
-  if (exec_mode && kill_all) fail("--kill-all is for the container's init, not an exec");
-  if (kill_mount != NULL && kill_mount[0] != '/') fail("--kill-all-v2 and --kill-all-freezer take the hierarchy's absolute mount point");
-  if (exec_mode && direct_start) fail("--direct-start is for the container's init, not an exec");
-  if (exec_mode && unmount_rootfs) fail("--unmount-rootfs is for the container's init, not an exec");
+  if (dir == NULL || dir[0] != '/') sv_fail("--dir must be an absolute path");
+  if (id == NULL || id[0] == '\0' || id[0] == '-') sv_fail("--id is required");
+  if (root == NULL || root[0] != '/') sv_fail("--root must be an absolute path");
+  if (!exec_mode && (bundle == NULL || bundle[0] != '/')) sv_fail("--bundle must be an absolute path");
+  if (exec_mode && (process == NULL || process[0] != '/')) sv_fail("--process must be an absolute path");
+  if (exec_mode && kill_all) sv_fail("--kill-all is for the container's init, not an exec");
+  if (kill_mount != NULL && kill_mount[0] != '/') sv_fail("--kill-all-v2 and --kill-all-freezer take the hierarchy's absolute mount point");
+  if (exec_mode && direct_start) sv_fail("--direct-start is for the container's init, not an exec");
+  if (exec_mode && unmount_rootfs) sv_fail("--unmount-rootfs is for the container's init, not an exec");
   bundle_dir = bundle;
 
   /* The holder outlives tsbox and any terminal; stray signals must not end it. */
-  const int ignored[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE};
-  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
-    if (signal(ignored[i], SIG_IGN) == SIG_ERR) fail("signal: %s", strerror(errno));
-  }
+  if (sv_set_signals(sv_detached_signals, SIG_IGN) < 0) sv_fail("signal: %s", strerror(errno));
   /* Its own session (tsbox and tsbox-shim serve start it in one already: then EPERM). */
-  if (setsid() < 0 && !(errno == EPERM && getsid(0) == getpid())) fail("setsid: %s", strerror(errno));
-  if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
+  if (setsid() < 0 && !(errno == EPERM && getsid(0) == getpid())) sv_fail("setsid: %s", strerror(errno));
+  if (chdir("/") < 0) sv_fail("chdir /: %s", strerror(errno));
   /* runc create exits once the container is made: its init is then reparented here. */
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) sv_fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
   /* Named before any work: a tsbox restarted while runc works finds this holder by it (with
      the start time that makes the pid trustworthy) and ends it, rather than racing it. */
-  unsigned long long born = start_time(getpid());
-  if (born == 0) fail("read /proc/self/stat: %s", strerror(errno));
-  char self[64];
-  snprintf(self, sizeof self, "%d %llu\n", (int)getpid(), born);
-  if (write_file_atomic("holder", self, 0) < 0) fail("write %s/holder: %s", dir, strerror(errno));
+  const struct sv_process self = {getpid(), sv_start_time(getpid())};
+  if (self.start == 0) sv_fail("read /proc/self/stat: %s", strerror(errno));
+  if (sv_write_pids(dir, "holder", &self, 1, 1) < 0) sv_fail("write %s/holder: %s", dir, strerror(errno));
   sigset_t chld;
   if (sigemptyset(&chld) < 0 || sigaddset(&chld, SIGCHLD) < 0 || sigprocmask(SIG_BLOCK, &chld, NULL) < 0)
-    fail("block SIGCHLD: %s", strerror(errno));
+    sv_fail("block SIGCHLD: %s", strerror(errno));
   int sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (sigfd < 0) fail("signalfd: %s", strerror(errno));
+  if (sigfd < 0) sv_fail("signalfd: %s", strerror(errno));
 
   /* The FIFOs, held as research §4.4 says: readers on stdout/stderr (no EPIPE while CRI is
      away), a writer on stdin (no EOF while CRI restarts), never a writer on stdout/stderr
@@ -1148,24 +976,25 @@ int main(int argc, char **argv) {
     if (terminal) {
       relay_in = rd;
     } else {
-      if (set_nonblock(rd, 0) < 0) fail("make %s blocking: %s", in_path, strerror(errno));
+      if (set_nonblock(rd, 0) < 0) sv_fail("make %s blocking: %s", in_path, strerror(errno));
       proc_in = rd;
     }
   }
   if (out_path[0] != '\0') {
     stdout_hold = open_fifo(out_path, O_WRONLY, terminal ? &relay_out : &proc_out);
-    if (terminal && set_nonblock(relay_out, 1) < 0) fail("make %s non-blocking: %s", out_path, strerror(errno));
+    if (terminal && set_nonblock(relay_out, 1) < 0) sv_fail("make %s non-blocking: %s", out_path, strerror(errno));
   }
   /* With a terminal, all output goes through the pty to stdout (as the runc shim). */
   if (err_path[0] != '\0' && !terminal) stderr_hold = open_fifo(err_path, O_WRONLY, &proc_err);
 
   char con_path[4096];
-  int con_fd = terminal ? listen_at("console.sock", con_path, sizeof con_path) : -1;
-  ctl_fd = listen_at("ctl", ctl_path, sizeof ctl_path);
+  struct sv_bound con_bound = {0};
+  int con_fd = terminal ? listen_at("console.sock", con_path, sizeof con_path, &con_bound) : -1;
+  ctl_fd = listen_at("ctl", ctl_path, sizeof ctl_path, &ctl_bound);
 
   char pid_path[4096], why[1024];
   path_in_dir(pid_path, sizeof pid_path, exec_mode ? "exec.pid" : "init.pid");
-  if (unlink(pid_path) < 0 && errno != ENOENT) fail("remove %s: %s", pid_path, strerror(errno));
+  if (unlink(pid_path) < 0 && errno != ENOENT) sv_fail("remove %s: %s", pid_path, strerror(errno));
   const char *args[16];
   int n = 0;
   if (exec_mode) {
@@ -1182,58 +1011,42 @@ int main(int argc, char **argv) {
   created = code == 0;
   if (code != 0) {
     if (code > 0 && !last_runc_error(why, sizeof why)) snprintf(why, sizeof why, "runc %s exited with status %d", args[0], code);
-    fail("%s", why);
+    sv_fail("%s", why);
   }
   /* The process has its ends now: the holder keeps none of the ones it gave away. */
-  if (proc_in >= 0 && close(proc_in) < 0) fail("close %s: %s", in_path, strerror(errno));
-  if (proc_out >= 0 && close(proc_out) < 0) fail("close %s: %s", out_path, strerror(errno));
-  if (proc_err >= 0 && close(proc_err) < 0) fail("close %s: %s", err_path, strerror(errno));
+  if (proc_in >= 0 && close(proc_in) < 0) sv_fail("close %s: %s", in_path, strerror(errno));
+  if (proc_out >= 0 && close(proc_out) < 0) sv_fail("close %s: %s", out_path, strerror(errno));
+  if (proc_err >= 0 && close(proc_err) < 0) sv_fail("close %s: %s", err_path, strerror(errno));
 
   char pidtext[32];
   int pfd = open(pid_path, O_RDONLY | O_CLOEXEC);
-  if (pfd < 0) fail("open %s: %s", pid_path, strerror(errno));
+  if (pfd < 0) sv_fail("open %s: %s", pid_path, strerror(errno));
   ssize_t pn;
   do pn = read(pfd, pidtext, sizeof pidtext - 1);
   while (pn < 0 && errno == EINTR);
-  if (pn < 0) fail("read %s: %s", pid_path, strerror(errno));
-  if (close(pfd) < 0) fail("close %s: %s", pid_path, strerror(errno));
+  if (pn < 0) sv_fail("read %s: %s", pid_path, strerror(errno));
+  if (close(pfd) < 0) sv_fail("close %s: %s", pid_path, strerror(errno));
   pidtext[pn] = '\0';
   char *end;
   long pid = strtol(pidtext, &end, 10);
-  if (end == pidtext || pid <= 0) fail("%s does not name a process: \"%s\"", pid_path, pidtext);
+  if (end == pidtext || pid <= 0) sv_fail("%s does not name a process: \"%s\"", pid_path, pidtext);
   proc_pid = (pid_t)pid;
   if (exec_mode) started = 1;
   if (kill_mount != NULL) locate_kill_cgroup(proc_pid);
-  if (terminal) master = receive_master(con_fd, con_path);
+  if (terminal) master = receive_master(con_fd, &con_bound);
 
-  unsigned long long self_start = start_time(getpid());
-  if (self_start == 0) fail("read /proc/self/stat: %s", strerror(errno));
   /* The process is ours (a zombie at worst, until we reap it): its stat is there. */
-  unsigned long long proc_start = start_time(proc_pid);
-  if (proc_start == 0) fail("read /proc/%d/stat: %s", (int)proc_pid, strerror(errno));
+  const struct sv_process record[] = {self, {proc_pid, sv_start_time(proc_pid)}};
+  if (record[1].start == 0) sv_fail("read /proc/%d/stat: %s", (int)proc_pid, strerror(errno));
 
   /* The answer goes to a copy of stdout; the holder's own stdio becomes /dev/null. */
-  reply_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
-  if (reply_fd < 0) {
-    reply_fd = STDOUT_FILENO;
-    fail("dup stdout: %s", strerror(errno));
-  }
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (devnull < 0) fail("open /dev/null: %s", strerror(errno));
-  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(devnull, STDOUT_FILENO) < 0 || dup2(devnull, STDERR_FILENO) < 0)
-    fail("dup2 /dev/null: %s", strerror(errno));
-  if (devnull > STDERR_FILENO && close(devnull) < 0) fail("close /dev/null: %s", strerror(errno));
-
-  char record[128];
-  snprintf(record, sizeof record, "%d %llu %d %llu\n", (int)getpid(), self_start, (int)proc_pid, proc_start);
-  /* Not fsynced, as tsbox-shim's: it matters only while the processes it names run. */
-  if (write_file_atomic("pid", record, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
+  sv_answer_detach();
+  /* "<holder-pid> <holder-start> <pid> <pid-start>"; not fsynced, as tsbox-shim's. */
+  if (sv_write_pids(dir, "pid", record, 2, 1) < 0) sv_fail("write %s/pid: %s", dir, strerror(errno));
   /* Started through tsbox-shim serve's spawn: from its answer on, it outlives the request. */
-  if (prctl(PR_SET_PDEATHSIG, 0) < 0) fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
+  if (prctl(PR_SET_PDEATHSIG, 0) < 0) sv_fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
   created = 0;
-  snprintf(reply, sizeof reply, "ok %d %d\n", (int)getpid(), (int)proc_pid);
-  if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
-  if (close(reply_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
+  sv_answer_ok(getpid(), proc_pid);
 
   int rc = serve(sigfd, kill_all, notify);
   close_fd(&master);

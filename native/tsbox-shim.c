@@ -11,7 +11,8 @@
  * can read the real exit status. When the process ends the shim writes
  * "<status> <seconds> <nanoseconds>" to <dir>/exit atomically (temp file, fsync, rename, fsync
  * of the directory) and touches the notify file. That is what lets an exit code survive a
- * restart or a crash of tsbox.
+ * restart or a crash of tsbox. The records, the answer, the sockets and the unmount of a tree
+ * are the supervision library's (supervise.h), which tsbox-ctr shares.
  *
  * Without --task-socket the shim then exits. With it (relay mode) the shim is also the pod's
  * relay (relay.c): it owns the pod's task socket and containerd's connections to it, and relays
@@ -133,7 +134,7 @@
 #include <unistd.h>
 
 #include "relay.h"
-#include "unmount-tree.h"
+#include "supervise.h"
 
 #define MAX_CGROUPS 16
 #define MAX_SYSCTLS 128
@@ -150,9 +151,6 @@
 static const char *const private_services[] = {POD_SERVICE, "tsbox.front.v1.Front", NULL};
 
 static const char *dir;
-static char reply[1024];
-/* Where the answer goes: stdout, or a copy of it once stdout is /dev/null. */
-static int reply_fd = STDOUT_FILENO;
 /*
  * The processes a failed start takes down: the sandbox process once forked, and with a pid
  * namespace the child between the two until it has handed over the sandbox and been reaped.
@@ -169,20 +167,11 @@ static void take_down(pid_t *pid) {
   *pid = 0;
 }
 
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  int n = snprintf(reply, sizeof reply, "error ");
-  va_start(ap, fmt);
-  vsnprintf(reply + n, sizeof reply - (size_t)n - 1, fmt, ap);
-  va_end(ap);
-  /* Its own failure or ours: either way nothing may outlive the failed start. */
+/* What a failed start undoes before it answers (sv_fail): nothing may outlive it. */
+static void undo_start(void) {
   take_down(&middle);
   take_down(&child);
   if (relay_bound) relay_unlink();
-  size_t len = strlen(reply);
-  reply[len] = '\n';
-  if (write(reply_fd, reply, len + 1) < 0) { /* tsbox is gone: nobody to tell */ }
-  _exit(1);
 }
 
 /* In the sandbox process before exec: tells the shim what failed (one atomic pipe write). */
@@ -195,49 +184,6 @@ static void child_fail(const char *fmt, ...) {
   va_end(ap);
   if (write(errpipe_fd, msg, strlen(msg)) < 0) { /* the shim is gone: nobody to tell */ }
   _exit(127);
-}
-
-static int write_all(int fd, const char *buf, size_t len) {
-  while (len > 0) {
-    ssize_t n = write(fd, buf, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    buf += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-/*
- * Writes <dir>/<name> atomically (temp file, rename); `durable` also fsyncs the file and
- * the directory, so that it survives a crash of the machine, not only of tsbox.
- */
-static int write_file_atomic(const char *name, const char *content, int durable) {
-  char tmp[4096], path[4096];
-  snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -1;
-  if (write_all(fd, content, strlen(content)) < 0 || (durable && fsync(fd) < 0)) {
-    int saved = errno;
-    (void)close(fd); /* the write already failed; errno says why */
-    errno = saved;
-    return -1;
-  }
-  if (close(fd) < 0) return -1;
-  if (rename(tmp, path) < 0) return -1;
-  if (!durable) return 0;
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return -1;
-  if (fsync(dfd) < 0) {
-    int saved = errno;
-    (void)close(dfd); /* the fsync already failed; errno says why */
-    errno = saved;
-    return -1;
-  }
-  return close(dfd);
 }
 
 static void on_stop_signal(int sig) { _exit(sig == SIGTERM || sig == SIGINT ? 0 : 128 + sig); }
@@ -269,16 +215,6 @@ static void pause_forever(void) {
   for (;;) pause();
 }
 
-/* Sets the disposition of each of `sigs` (0-terminated); -1 with errno on failure. */
-static int set_signals(const int *sigs, void (*handler)(int)) {
-  for (; *sigs != 0; sigs++) {
-    if (signal(*sigs, handler) == SIG_ERR) return -1;
-  }
-  return 0;
-}
-
-static const int detached_signals[] = {SIGHUP, SIGINT, SIGTERM, SIGPIPE, 0};
-
 /* Writes VALUE to /proc/sys/KEY (dots become slashes); returns errno or 0. */
 static int apply_sysctl(const char *pair) {
   const char *eq = strchr(pair, '=');
@@ -289,11 +225,7 @@ static int apply_sysctl(const char *pair) {
   memcpy(path, "/proc/sys/", 10);
   for (size_t i = 0; i < klen; i++) path[10 + i] = pair[i] == '.' ? '/' : pair[i];
   path[10 + klen] = '\0';
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  int rc = write_all(fd, eq + 1, strlen(eq + 1)) < 0 ? errno : 0;
-  if (close(fd) < 0 && rc == 0) rc = errno;
-  return rc;
+  return sv_write_text(path, eq + 1) < 0 ? errno : 0;
 }
 
 static int mount_shm(const char *path, unsigned long long bytes) {
@@ -312,7 +244,7 @@ static void lock_answer(const char *fmt, ...) {
   size_t len = strlen(line);
   int ok = strcmp(line, "ok") == 0;
   line[len] = '\n';
-  if (write_all(STDOUT_FILENO, line, len + 1) < 0) _exit(1); /* the daemon is gone */
+  if (sv_write_all(STDOUT_FILENO, line, len + 1) < 0) _exit(1); /* the daemon is gone */
   if (!ok) _exit(1);
 }
 
@@ -328,7 +260,7 @@ static long holder_pid(int fd) {
 }
 
 static int lock_mode(const char *path) {
-  if (set_signals((const int[]){SIGHUP, SIGINT, SIGTERM, 0}, SIG_IGN) < 0) lock_answer("error signal: %s", strerror(errno));
+  if (sv_set_signals((const int[]){SIGHUP, SIGINT, SIGTERM, 0}, SIG_IGN) < 0) lock_answer("error signal: %s", strerror(errno));
   int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) lock_answer("error open %s: %s", path, strerror(errno));
   /* Busy: the holder writes its pid right after it takes the lock, and the helper of a daemon
@@ -573,7 +505,7 @@ static int umount_all_mode(const char *path) {
     return 1;
   }
   char why[PATH_MAX + 256];
-  if (unmount_tree(root, 1, print_detached, why, sizeof why) == 0) return 0;
+  if (sv_unmount_tree(root, 1, print_detached, why, sizeof why) == 0) return 0;
   fprintf(stderr, "%s\n", why);
   return 1;
 }
@@ -609,7 +541,7 @@ static int relay_chunk(int from, int to) {
   ssize_t n = read(from, chunk, sizeof chunk);
   if (n < 0) return errno == EINTR ? 1 : -1;
   if (n == 0) return 0;
-  return write_all(to, chunk, (size_t)n) < 0 ? -1 : 1;
+  return sv_write_all(to, chunk, (size_t)n) < 0 ? -1 : 1;
 }
 
 /* The child of a `spawn` request: starts the program and passes on its stdout and stderr
@@ -657,7 +589,7 @@ static int spawn_mode(int nargs, char **args) {
     else if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) what = "dup2";
     else {
       sigset_t none;
-      if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0 || set_signals((const int[]){SIGPIPE, 0}, SIG_DFL) < 0) {
+      if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0 || sv_set_signals((const int[]){SIGPIPE, 0}, SIG_DFL) < 0) {
         what = "reset signals";
       } else {
         execve(args[1], argv, envp);
@@ -764,8 +696,8 @@ static int serve_one(char **args, int nargs) {
   if (cut[0] || cut[1]) code = 125;
   char head[64];
   int hlen = snprintf(head, sizeof head, "%d %zu %zu\n", code, len[0], len[1]);
-  int rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || (len[0] > 0 && write_all(STDOUT_FILENO, text[0], len[0]) < 0) ||
-                   (len[1] > 0 && write_all(STDOUT_FILENO, text[1], len[1]) < 0)
+  int rc = sv_write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || (len[0] > 0 && sv_write_all(STDOUT_FILENO, text[0], len[0]) < 0) ||
+                   (len[1] > 0 && sv_write_all(STDOUT_FILENO, text[1], len[1]) < 0)
                ? -1
                : 0;
   if (rc < 0) fprintf(stderr, "serve: write the answer: %s\n", strerror(errno));
@@ -776,32 +708,43 @@ static int serve_one(char **args, int nargs) {
 
 static int serve_mode(void) {
   /* tsbox gone: its end of stdout is closed, and a write fails with EPIPE rather than killing. */
-  if (set_signals((const int[]){SIGPIPE, 0}, SIG_IGN) < 0) return fprintf(stderr, "serve: signal: %s\n", strerror(errno)), 1;
+  if (sv_set_signals((const int[]){SIGPIPE, 0}, SIG_IGN) < 0) return fprintf(stderr, "serve: signal: %s\n", strerror(errno)), 1;
   char *line = NULL, *args[SERVE_MAX_ARGS];
   size_t line_cap = 0;
+  /* args[0] to args[held - 1] are allocated (getdelim), whether the request was whole or not. */
+  long held = 0;
+  int code;
   for (;;) {
     errno = 0;
     ssize_t n = getline(&line, &line_cap, stdin);
     if (n < 0) {
-      if (errno != 0) return fprintf(stderr, "serve: read a request: %s\n", strerror(errno)), 1;
-      return 0; /* end of file: tsbox is done with it */
+      /* end of file: tsbox is done with it */
+      code = errno != 0 ? (fprintf(stderr, "serve: read a request: %s\n", strerror(errno)), 1) : 0;
+      break;
     }
     char *end;
     long nargs = strtol(line, &end, 10);
     if (end == line || *end != '\n' || nargs < 1 || nargs > SERVE_MAX_ARGS) {
       fprintf(stderr, "serve: a request must begin with its argument count (1 to %d) and a newline\n", SERVE_MAX_ARGS);
-      return 2;
+      code = 2;
+      break;
     }
     size_t total = 0;
-    for (long i = 0; i < nargs; i++) {
+    int whole = 1;
+    for (long i = 0; i < nargs && whole; i++) {
       size_t cap = 0;
       args[i] = NULL;
+      held = i + 1;
       errno = 0;
       ssize_t got = getdelim(&args[i], &cap, '\0', stdin);
       if (got <= 0 || args[i][got - 1] != '\0' || (total += (size_t)got) > SERVE_MAX_BYTES) {
         fprintf(stderr, "serve: argument %ld of %ld: %s\n", i + 1, nargs, errno != 0 ? strerror(errno) : got > 0 ? "the request is too large" : "missing (end of file)");
-        return 2;
+        whole = 0;
       }
+    }
+    if (!whole) {
+      code = 2;
+      break;
     }
     int known = strcmp(args[0], "mount") == 0 || strcmp(args[0], "umount") == 0 || strcmp(args[0], "umount-all") == 0 ||
                 strcmp(args[0], "spawn") == 0;
@@ -813,11 +756,18 @@ static int serve_mode(void) {
       int slen = snprintf(said, sizeof said, "serve: %.64s is not a mode it runs (mount, umount, umount-all, spawn)\n", args[0]);
       char head[64];
       int hlen = snprintf(head, sizeof head, "2 0 %d\n", slen);
-      rc = write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || write_all(STDOUT_FILENO, said, (size_t)slen) < 0 ? -1 : 0;
+      rc = sv_write_all(STDOUT_FILENO, head, (size_t)hlen) < 0 || sv_write_all(STDOUT_FILENO, said, (size_t)slen) < 0 ? -1 : 0;
     }
-    for (long i = 0; i < nargs; i++) free(args[i]);
-    if (rc < 0) return 1;
+    for (long i = 0; i < held; i++) free(args[i]);
+    held = 0;
+    if (rc < 0) {
+      code = 1;
+      break;
+    }
   }
+  for (long i = 0; i < held; i++) free(args[i]);
+  free(line);
+  return code;
 }
 
 static int helper_mode(int argc, char **argv) {
@@ -867,7 +817,7 @@ static int join_cgroup(const char *cgroup) {
     fd = open(path, O_WRONLY | O_CLOEXEC);
   }
   if (fd < 0) return -1;
-  if (write_all(fd, "0", 1) < 0) {
+  if (sv_write_all(fd, "0", 1) < 0) {
     int saved = errno;
     (void)close(fd); /* the write already failed; errno says why */
     errno = saved;
@@ -913,7 +863,7 @@ static void run_sandbox(int logfd) {
   if (dup2(out, STDERR_FILENO) < 0) child_fail("dup2 %s to stderr: %s", out_name, strerror(errno));
   sigset_t none;
   if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) child_fail("sigprocmask: %s", strerror(errno));
-  if (set_signals(detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
+  if (sv_set_signals(sv_detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
   if (opt.cmd == NULL) {
     install_pause_handlers();
     /* No exec closes what the supervisor had open (the pod's sockets among them): the pause
@@ -960,7 +910,7 @@ static void start_child(int errpipe[2], int pidpipe[2], int logfd) {
     if (close(pidpipe[1]) < 0) child_fail("close: %s", strerror(errno));
     run_sandbox(logfd);
   }
-  if (write_all(pidpipe[1], (const char *)&sandbox, sizeof sandbox) < 0) {
+  if (sv_write_all(pidpipe[1], (const char *)&sandbox, sizeof sandbox) < 0) {
     int e = errno;
     /* The supervisor cannot learn which process to wait for: the sandbox must not run. */
     if (kill(sandbox, SIGKILL) < 0) child_fail("tell the sandbox process's pid: %s; then kill it: %s", strerror(e), strerror(errno));
@@ -978,41 +928,21 @@ static void start_child(int errpipe[2], int pidpipe[2], int logfd) {
  * file could not be written, 3 when the notice could not be touched.
  */
 static int record_exit(pid_t sandbox) {
-  siginfo_t exited;
-  int w;
-  do w = waitid(P_PID, (id_t)sandbox, &exited, WEXITED | WNOWAIT);
-  while (w < 0 && errno == EINTR);
-  /* waitid cannot fail for our own child: if it did, the time is taken after the reap. A
-     failed clock (it cannot fail either) leaves the epoch. */
-  struct timespec now = {0, 0};
-  if (w == 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
-  int status;
-  pid_t r;
-  do r = waitpid(sandbox, &status, 0);
-  while (r < 0 && errno == EINTR);
-  if (w < 0 && clock_gettime(CLOCK_REALTIME, &now) < 0) now = (struct timespec){0, 0};
-  int code = 255;
-  if (r == sandbox && WIFEXITED(status)) code = WEXITSTATUS(status);
-  else if (r == sandbox && WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
-
-  char exitline[96], path[PATH_MAX];
-  snprintf(exitline, sizeof exitline, "%d %lld %ld\n", code, (long long)now.tv_sec, now.tv_nsec);
-  snprintf(path, sizeof path, "%s/exit", dir);
-  /* Durable: after a reboot it is the only record of how the sandbox ended. */
-  if (write_file_atomic("exit", exitline, 1) < 0) {
-    relay_log_errno(RELAY_ERROR, "cannot write the sandbox's exit file", errno, "write", path);
+  struct sv_exit exited;
+  sv_reap(sandbox, &exited);
+  const char *call = NULL;
+  int rc = sv_record_exit(dir, &exited, opt.notify, &call);
+  int saved = errno;
+  if (rc == 2) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/exit", dir);
+    relay_log_errno(RELAY_ERROR, "cannot write the sandbox's exit file", saved, call, path);
     return 2;
   }
-  relay_log(RELAY_INFO, "sandbox process exited; its exit file is written", "status", code);
-  if (opt.notify != NULL) {
-    int fd = open(opt.notify, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0 || close(fd) < 0) {
-      /* tsbox's poll of the supervisor finds the exit */
-      relay_log_errno(RELAY_WARN, "cannot touch the exit notice", errno, fd < 0 ? "open" : "close", opt.notify);
-      return 3;
-    }
-  }
-  return 0;
+  relay_log(RELAY_INFO, "sandbox process exited; its exit file is written", "status", exited.status);
+  /* tsbox's poll of the supervisor finds the exit */
+  if (rc == 3) relay_log_errno(RELAY_WARN, "cannot touch the exit notice", saved, call, opt.notify);
+  return rc;
 }
 
 /* ---- relay mode ---- */
@@ -1026,27 +956,15 @@ static int signals_fd = -1;
 /* Reaps every child that has ended: the sandbox with its exit recorded, orphans silently. */
 static void reap_children(void) {
   for (;;) {
-    siginfo_t si;
-    memset(&si, 0, sizeof si);
-    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-      if (errno == EINTR) continue;
-      if (errno != ECHILD) relay_log_errno(RELAY_ERROR, "cannot wait for the pod's processes", errno, "waitid", NULL);
+    const char *call = NULL;
+    pid_t ended = sv_reap_others(sandbox_pid, &call);
+    if (ended < 0) {
+      relay_log_errno(RELAY_ERROR, strcmp(call, "waitid") == 0 ? "cannot wait for the pod's processes" : "cannot reap an orphaned process", errno, call, NULL);
       return;
     }
-    if (si.si_pid == 0) return;
-    if (si.si_pid == sandbox_pid) {
-      ended_status = record_exit(sandbox_pid);
-      sandbox_pid = 0;
-      continue;
-    }
-    /* A process orphaned in the pod that the subreaper inherited: nobody waits for its status. */
-    pid_t r;
-    do r = waitpid(si.si_pid, NULL, 0);
-    while (r < 0 && errno == EINTR);
-    if (r < 0) {
-      relay_log_errno(RELAY_ERROR, "cannot reap an orphaned process", errno, "waitpid", NULL);
-      return;
-    }
+    if (ended == 0) return;
+    ended_status = record_exit(sandbox_pid);
+    sandbox_pid = 0;
   }
 }
 
@@ -1106,6 +1024,7 @@ static int run_relay(pid_t sandbox) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
+  sv_answer_undo(undo_start);
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1116,7 +1035,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--hold") == 0) {
       opt.hold = 1;
     } else if (v == NULL) {
-      fail("option %s needs a value", a);
+      sv_fail("option %s needs a value", a);
     } else if (strcmp(a, "--dir") == 0) {
       dir = v, i++;
     } else if (strcmp(a, "--notify") == 0) {
@@ -1137,7 +1056,7 @@ int main(int argc, char **argv) {
         else if (strcmp(tok, "ipc") == 0) opt.unshare_flags |= CLONE_NEWIPC;
         else if (strcmp(tok, "uts") == 0) opt.unshare_flags |= CLONE_NEWUTS;
         else if (strcmp(tok, "mnt") == 0) opt.unshare_flags |= CLONE_NEWNS;
-        else fail("unknown namespace %s in --unshare", tok);
+        else sv_fail("unknown namespace %s in --unshare", tok);
       }
       i++;
     } else if (strcmp(a, "--shm") == 0) {
@@ -1145,13 +1064,13 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--shm-size") == 0) {
       opt.shm_size = v, i++;
     } else if (strcmp(a, "--sysctl") == 0) {
-      if (opt.nsysctls == MAX_SYSCTLS) fail("too many --sysctl options");
+      if (opt.nsysctls == MAX_SYSCTLS) sv_fail("too many --sysctl options");
       opt.sysctls[opt.nsysctls++] = v, i++;
     } else if (strcmp(a, "--cgroup") == 0) {
-      if (opt.ncgroups == MAX_CGROUPS) fail("too many --cgroup options");
+      if (opt.ncgroups == MAX_CGROUPS) sv_fail("too many --cgroup options");
       opt.cgroups[opt.ncgroups++] = v, i++;
     } else if (strcmp(a, "--home") == 0) {
-      if (opt.nhomes == MAX_CGROUPS) fail("too many --home options");
+      if (opt.nhomes == MAX_CGROUPS) sv_fail("too many --home options");
       opt.homes[opt.nhomes++] = v, i++;
     } else if (strcmp(a, "--task-socket") == 0) {
       opt.task_socket = v, i++;
@@ -1162,41 +1081,41 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--relay-log-max-bytes") == 0) {
       opt.relay_log_max = v, i++;
     } else {
-      fail("unknown option %s", a);
+      sv_fail("unknown option %s", a);
     }
   }
-  if (dir == NULL) fail("--dir is required");
+  if (dir == NULL) sv_fail("--dir is required");
   int relay_mode = opt.task_socket != NULL || opt.link != NULL;
-  if (relay_mode && (opt.task_socket == NULL || opt.link == NULL)) fail("--task-socket and --link go together");
-  if (!relay_mode && (opt.relay_log != NULL || opt.relay_log_max != NULL)) fail("--relay-log and --relay-log-max-bytes need --task-socket and --link");
+  if (relay_mode && (opt.task_socket == NULL || opt.link == NULL)) sv_fail("--task-socket and --link go together");
+  if (!relay_mode && (opt.relay_log != NULL || opt.relay_log_max != NULL)) sv_fail("--relay-log and --relay-log-max-bytes need --task-socket and --link");
   unsigned long long relay_log_max = 0;
   if (opt.relay_log_max != NULL) {
     char *end;
     errno = 0;
     relay_log_max = strtoull(opt.relay_log_max, &end, 10);
     if (errno != 0 || end == opt.relay_log_max || *end != '\0' || opt.relay_log_max[0] == '-' || relay_log_max < RELAY_LOG_MIN_BYTES)
-      fail("--relay-log-max-bytes must be a whole number of bytes, at least %llu", RELAY_LOG_MIN_BYTES);
+      sv_fail("--relay-log-max-bytes must be a whole number of bytes, at least %llu", RELAY_LOG_MIN_BYTES);
   }
   unsigned long long shm_bytes = 0;
   if (opt.shm != NULL) {
     char *end;
     shm_bytes = opt.shm_size == NULL ? 0 : strtoull(opt.shm_size, &end, 10);
-    if (opt.shm_size == NULL || *end != '\0' || shm_bytes == 0) fail("--shm needs --shm-size BYTES");
+    if (opt.shm_size == NULL || *end != '\0' || shm_bytes == 0) sv_fail("--shm needs --shm-size BYTES");
   }
 
   /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
-  if (set_signals(detached_signals, SIG_IGN) < 0) fail("signal: %s", strerror(errno));
-  if (chdir("/") < 0) fail("chdir /: %s", strerror(errno));
+  if (sv_set_signals(sv_detached_signals, SIG_IGN) < 0) sv_fail("signal: %s", strerror(errno));
+  if (chdir("/") < 0) sv_fail("chdir /: %s", strerror(errno));
   if (opt.hold) {
     char go;
     ssize_t n;
     do n = read(STDIN_FILENO, &go, 1);
     while (n < 0 && errno == EINTR);
-    if (n < 0) fail("read the go-ahead on stdin: %s", strerror(errno));
-    if (n == 0) fail("the start was given up before the go-ahead");
+    if (n < 0) sv_fail("read the go-ahead on stdin: %s", strerror(errno));
+    if (n == 0) sv_fail("the start was given up before the go-ahead");
   }
   /* In the host's mount namespace, which the shim never leaves. */
-  if (opt.shm != NULL && mount_shm(opt.shm, shm_bytes) < 0) fail("mount tmpfs at %s: %s", opt.shm, strerror(errno));
+  if (opt.shm != NULL && mount_shm(opt.shm, shm_bytes) < 0) sv_fail("mount tmpfs at %s: %s", opt.shm, strerror(errno));
 
   /* The relay keeps pointing at these for its whole life. */
   static struct relay_options relay;
@@ -1210,39 +1129,39 @@ int main(int argc, char **argv) {
         .hello = VERSION_TEXT(POD_PROTOCOL_VERSION),
     };
     char why[PATH_MAX + 128];
-    if (relay_listen(&relay, why, sizeof why) < 0) fail("%s", why);
+    if (relay_listen(&relay, why, sizeof why) < 0) sv_fail("%s", why);
     relay_bound = 1;
     /* Blocked before the fork, so that no SIGCHLD is lost before the signalfd reads them; the
        sandbox process clears its mask before it runs. */
     sigset_t mask;
     if (sigemptyset(&mask) < 0 || sigaddset(&mask, SIGCHLD) < 0 || sigaddset(&mask, SIGTERM) < 0 || sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-      fail("sigprocmask SIGCHLD|SIGTERM: %s", strerror(errno));
+      sv_fail("sigprocmask SIGCHLD|SIGTERM: %s", strerror(errno));
     signals_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (signals_fd < 0) fail("signalfd SIGCHLD|SIGTERM: %s", strerror(errno));
-    if (relay_watch(signals_fd, on_signals, NULL) < 0) fail("epoll_ctl signalfd: %s", strerror(errno));
+    if (signals_fd < 0) sv_fail("signalfd SIGCHLD|SIGTERM: %s", strerror(errno));
+    if (relay_watch(signals_fd, on_signals, NULL) < 0) sv_fail("epoll_ctl signalfd: %s", strerror(errno));
   }
   /* The sandbox process of a new pid namespace is a grandchild: it must come back to the shim
      when the child between them exits. So must orphans of the pod's, which the relay reaps. */
   if (((opt.unshare_flags & CLONE_NEWPID) || relay_mode) && prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
-    fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+    sv_fail("prctl PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
 
   int errpipe[2], pidpipe[2] = {-1, -1};
-  if (pipe2(errpipe, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
-  if ((opt.unshare_flags & CLONE_NEWPID) && pipe2(pidpipe, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
+  if (pipe2(errpipe, O_CLOEXEC) < 0) sv_fail("pipe: %s", strerror(errno));
+  if ((opt.unshare_flags & CLONE_NEWPID) && pipe2(pidpipe, O_CLOEXEC) < 0) sv_fail("pipe: %s", strerror(errno));
   int logfd = -1;
   if (opt.logpath != NULL) {
     logfd = open(opt.logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (logfd < 0) fail("open log %s: %s", opt.logpath, strerror(errno));
+    if (logfd < 0) sv_fail("open log %s: %s", opt.logpath, strerror(errno));
   }
 
   pid_t forked = fork();
-  if (forked < 0) fail("fork: %s", strerror(errno));
+  if (forked < 0) sv_fail("fork: %s", strerror(errno));
   if (forked == 0) start_child(errpipe, pidpipe, logfd);
   if (opt.unshare_flags & CLONE_NEWPID) middle = forked;
   else child = forked;
-  if (close(errpipe[1]) < 0) fail("close: %s", strerror(errno));
-  if (pidpipe[1] >= 0 && close(pidpipe[1]) < 0) fail("close: %s", strerror(errno));
-  if (logfd >= 0 && close(logfd) < 0) fail("close log %s: %s", opt.logpath, strerror(errno));
+  if (close(errpipe[1]) < 0) sv_fail("close: %s", strerror(errno));
+  if (pidpipe[1] >= 0 && close(pidpipe[1]) < 0) sv_fail("close: %s", strerror(errno));
+  if (logfd >= 0 && close(logfd) < 0) sv_fail("close log %s: %s", opt.logpath, strerror(errno));
 
   if (middle > 0) {
     /* The sandbox process's pid, or nothing when the child failed before it forked it. */
@@ -1251,21 +1170,21 @@ int main(int argc, char **argv) {
     while (got < sizeof sandbox) {
       ssize_t n = read(pidpipe[0], (char *)&sandbox + got, sizeof sandbox - got);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail("read the sandbox process's pid: %s", strerror(errno));
+      if (n < 0) sv_fail("read the sandbox process's pid: %s", strerror(errno));
       if (n == 0) break;
       got += (size_t)n;
     }
-    if (close(pidpipe[0]) < 0) fail("close: %s", strerror(errno));
+    if (close(pidpipe[0]) < 0) sv_fail("close: %s", strerror(errno));
     if (got == sizeof sandbox) child = sandbox;
     /* Reaped: from here the sandbox process is the shim's child (the shim is a subreaper). */
     int status;
     pid_t r;
     do r = waitpid(middle, &status, 0);
     while (r < 0 && errno == EINTR);
-    if (r < 0) fail("waitpid %d: %s", (int)middle, strerror(errno));
+    if (r < 0) sv_fail("waitpid %d: %s", (int)middle, strerror(errno));
     middle = 0;
     if (got != sizeof sandbox && !(WIFEXITED(status) && WEXITSTATUS(status) == 127))
-      fail("the child that starts the sandbox process ended (%s %d) before it told its pid", WIFSIGNALED(status) ? "signal" : "status",
+      sv_fail("the child that starts the sandbox process ended (%s %d) before it told its pid", WIFSIGNALED(status) ? "signal" : "status",
            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
   }
 
@@ -1273,42 +1192,29 @@ int main(int argc, char **argv) {
   ssize_t n;
   do n = read(errpipe[0], msg, sizeof msg - 1);
   while (n < 0 && errno == EINTR);
-  if (n < 0) fail("read from the sandbox process: %s", strerror(errno));
+  if (n < 0) sv_fail("read from the sandbox process: %s", strerror(errno));
   if (n > 0) {
     msg[n] = '\0';
-    fail("%s", msg);
+    sv_fail("%s", msg);
   }
-  if (close(errpipe[0]) < 0) fail("close: %s", strerror(errno));
+  if (close(errpipe[0]) < 0) sv_fail("close: %s", strerror(errno));
   /* The sandbox process runs: the shim leaves the pod's cgroup for its own. */
   for (int i = 0; i < opt.nhomes; i++)
-    if (join_cgroup(opt.homes[i]) < 0) fail("join home cgroup %s: %s", opt.homes[i], strerror(errno));
+    if (join_cgroup(opt.homes[i]) < 0) sv_fail("join home cgroup %s: %s", opt.homes[i], strerror(errno));
 
   /* From here the shim's own stdio is /dev/null; the answer goes to a copy of stdout. */
-  reply_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
-  if (reply_fd < 0) {
-    reply_fd = STDOUT_FILENO;
-    fail("dup stdout: %s", strerror(errno));
-  }
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (devnull < 0) fail("open /dev/null: %s", strerror(errno));
-  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(devnull, STDOUT_FILENO) < 0 || dup2(devnull, STDERR_FILENO) < 0)
-    fail("dup2 /dev/null: %s", strerror(errno));
-  if (devnull > STDERR_FILENO && close(devnull) < 0) fail("close /dev/null: %s", strerror(errno));
+  sv_answer_detach();
 
-  char pids[64];
-  snprintf(pids, sizeof pids, "%d %d\n", (int)getpid(), (int)child);
-  /* Not fsynced: the pid file matters only while the processes it names run, and they do
-     not outlive the machine; a crash of tsbox leaves it in the page cache. */
-  if (write_file_atomic("pid", pids, 0) < 0) fail("write %s/pid: %s", dir, strerror(errno));
-  snprintf(reply, sizeof reply, "ok %s", pids);
+  /* "<shim-pid> <sandbox-pid>"; not fsynced: a crash of tsbox leaves it in the page cache. */
+  const struct sv_process pids[] = {{getpid(), 0}, {child, 0}};
+  if (sv_write_pids(dir, "pid", pids, 2, 0) < 0) sv_fail("write %s/pid: %s", dir, strerror(errno));
   /* Started through `serve`'s spawn: from its answer on, it outlives the request. */
-  if (prctl(PR_SET_PDEATHSIG, 0) < 0) fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
+  if (prctl(PR_SET_PDEATHSIG, 0) < 0) sv_fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
   /* The sandbox runs: from here a failure is the exit status's to tell, not the answer's. */
   pid_t sandbox = child;
   child = 0;
   relay_bound = 0;
-  if (write_all(reply_fd, reply, strlen(reply)) < 0) { /* tsbox reads the pid file instead */ }
-  if (close(reply_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
+  sv_answer_ok(getpid(), sandbox);
 
   if (relay_mode) return run_relay(sandbox);
   return record_exit(sandbox);

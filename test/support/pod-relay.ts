@@ -70,6 +70,8 @@ export interface PodProcessOptions {
    * systemd move it into the pod's scope meanwhile), then the supervisor is let go.
    */
   readonly hold?: (supervisorPid: number) => void | Promise<void>;
+  /** The supervisor's program: dist/bin/tsbox-shim unless given (a sanitized build's). */
+  readonly program?: string;
 }
 
 /** The supervisor as started, whatever it answered. */
@@ -114,7 +116,8 @@ export async function spawnPod(dir: string, options: PodProcessOptions = {}): Pr
   for (const home of options.homes ?? []) args.push('--home', home);
   if (options.hold !== undefined) args.push('--hold');
   if (options.command !== undefined) args.push('--', ...options.command);
-  const child = spawn(tsboxShim, args, { detached: true, stdio: ['pipe', 'pipe', 'pipe'], cwd: '/' });
+  const program = options.program ?? tsboxShim;
+  const child = spawn(program, args, { detached: true, stdio: ['pipe', 'pipe', 'pipe'], cwd: '/' });
   let exit: ExitInfo | undefined;
   const exited = new Promise<ExitInfo>((resolve) => {
     child.once('exit', (code, signal) => {
@@ -134,7 +137,7 @@ export async function spawnPod(dir: string, options: PodProcessOptions = {}): Pr
   // Errors after spawn (e.g. kill on a gone process) must not crash the test runner.
   child.on('error', () => undefined);
   const pid = child.pid;
-  if (pid === undefined) throw new Error(`${tsboxShim}: spawned without a pid`);
+  if (pid === undefined) throw new Error(`${program}: spawned without a pid`);
   const supervisor: ManagedProcess = { pid, child, exited, exitInfo: () => exit };
   child.stdin.on('error', () => /* a supervisor that failed first says why on stdout */ undefined);
   let held = false;
