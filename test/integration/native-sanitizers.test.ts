@@ -23,7 +23,7 @@ import { type Socket, connect } from 'node:net';
 import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { pino } from 'pino';
-import { TsboxError, abortError } from '../../src/errors.js';
+import { TsboxError, abortError } from '../../src/base/errors.js';
 import { parseHolderRecord } from '../../src/runtime/container-holder.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
 import { parseExitFile } from '../../src/runtime/process-backend.js';
