@@ -33,6 +33,7 @@
 #define _GNU_SOURCE
 #include "relay.h"
 #include "supervise.h"
+#include "tsbox-contract.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,9 +52,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ttrpc's frame header and largest message (src/ttrpc/limits.ts). */
-#define HEADER_BYTES 10
-#define MAX_MESSAGE_BYTES (4u * 1024 * 1024)
+/* ttrpc's frame header and largest message, HEADER_BYTES and MAX_MESSAGE_BYTES, and the bounds
+   shared with tsbox's ttrpc server come from tsbox-contract.h (src/ttrpc/limits.ts). */
 #define TYPE_REQUEST 1
 #define TYPE_RESPONSE 2
 #define TYPE_DATA 3
@@ -73,24 +73,16 @@
  * connection to tsbox is closed and the next one starts again from 1 (about a year of calls).
  */
 #define LAST_STREAM_ID 0xfffffff0ull
-/* Bytes of frames not yet whole over all clients; past it the one holding most is closed. */
-#define MAX_PARTIAL_FRAME_BYTES (8ull * MAX_MESSAGE_BYTES)
-/* Time a frame has to arrive whole once its first byte came; containerd's come in one write. */
-#define FRAME_ARRIVAL_MS 10000
-/* Answers a client may leave unread before it is not read either (src/ttrpc/peer.ts). */
-#define MAX_QUEUED_OUTPUT_BYTES (1024u * 1024)
 /* Requests tsbox may leave unread before no client is read: two maximal messages. */
 #define MAX_LINK_QUEUED_BYTES (2u * MAX_MESSAGE_BYTES)
-/* How often frame deadlines are checked while a frame is in progress: a tenth of the deadline. */
-#define SWEEP_MS 1000
 /* One buffer for every read: a pod's requests are a few KiB, and only its touched pages count. */
 #define READ_CHUNK 16384
 #define LISTEN_BACKLOG 511
 /* A pod keeps a few calls: a small table, whose chains only an abuse makes long. */
 #define PENDING_BUCKETS 256
 
-static const char HELLO[] = "Hello";
-static const char CANCEL[] = "Cancel";
+static const char HELLO[] = POD_HELLO;
+static const char CANCEL[] = POD_CANCEL;
 
 static const struct relay_options *opts;
 

@@ -135,20 +135,20 @@
 
 #include "relay.h"
 #include "supervise.h"
+#include "tsbox-contract.h"
 
 #define MAX_CGROUPS 16
 #define MAX_SYSCTLS 128
 
-/* The private protocol between tsbox and a pod's process (src/ttrpc/pod-link.ts). */
-#define POD_SERVICE "tsbox.pod.v1.Pod"
-#define POD_PROTOCOL_VERSION 1
+/* The private protocol between tsbox and a pod's process: POD_SERVICE and POD_PROTOCOL_VERSION
+   (tsbox-contract.h, from src/ttrpc/pod-link.ts). */
 #define DECIMAL(n) #n
 #define VERSION_TEXT(n) DECIMAL(n)
 /*
  * The services a client of the task socket may not call: the pod's own, and the one the
  * node-wide task front of earlier builds spoke, which tsbox still serves on its links.
  */
-static const char *const private_services[] = {POD_SERVICE, "tsbox.front.v1.Front", NULL};
+static const char *const private_services[] = {POD_SERVICE, FORMER_FRONT_SERVICE, NULL};
 
 static const char *dir;
 /*
@@ -512,9 +512,8 @@ static int umount_all_mode(const char *path) {
 
 static int helper_mode(int argc, char **argv);
 
-/* The most a request may carry (an overlay's options name every layer), and keep of an answer. */
-#define SERVE_MAX_ARGS 4096
-#define SERVE_MAX_BYTES (4 << 20)
+/* The most a request may carry (an overlay's options name every layer), and keep of an answer:
+   SERVE_MAX_ARGS and SERVE_MAX_BYTES (tsbox-contract.h, from src/runtime/helper-service.ts). */
 
 /* Appends what is readable on fd to *buf (at most `max` bytes kept); 0 at end of file. */
 static ssize_t serve_drain(int fd, char **buf, size_t *len, size_t *cap, size_t max, int *cut) {

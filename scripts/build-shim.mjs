@@ -6,18 +6,72 @@
 //   dist/bin-sanitize/  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer,
 //                       any finding fatal, for test/integration/native-sanitizers.test.ts
 // (gcc's libasan and libubsan come with it on Debian, as dependencies of libgcc-*-dev).
+// What the programs and tsbox must agree on (ttrpc's framing and the bounds the relay shares
+// with tsbox's ttrpc server, the protocol between a pod's process and tsbox, what one request to
+// `tsbox-shim serve` may carry) is defined once, in TypeScript: it runs after tsc and writes
+// those values into dist/native-gen/tsbox-contract.h, which the programs include.
 // Rebuilds a binary only when one of its sources, a header or this script is newer than it.
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, readdirSync, statSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const native = join(root, 'native');
+const generated = join(root, 'dist', 'native-gen');
+const contractHeader = join(generated, 'tsbox-contract.h');
+
+// The contract, from the compiled TypeScript (tsc has run).
+const load = (module) => import(pathToFileURL(join(root, 'dist', 'src', module)).href);
+const limits = await load('ttrpc/limits.js');
+const podLink = await load('ttrpc/pod-link.js');
+const helper = await load('runtime/helper-service.js');
+const whole = (name, value, suffix) => {
+  if (!Number.isSafeInteger(value) || value < 0) throw new Error(`${name} is not a whole number: ${value}`);
+  return `#define ${name} ${value}${suffix}`;
+};
+const text = (name, value) => {
+  if (!/^[A-Za-z0-9._]+$/.test(value)) throw new Error(`${name} is not a plain name: ${value}`);
+  return `#define ${name} "${value}"`;
+};
+const contract = [
+  '/* Written by scripts/build-shim.mjs from the TypeScript named beside each group: do not edit. */',
+  '#ifndef TSBOX_CONTRACT_H',
+  '#define TSBOX_CONTRACT_H',
+  '/* ttrpc\'s framing and the bounds the relay shares with the ttrpc server (src/ttrpc/limits.ts). */',
+  whole('HEADER_BYTES', limits.HEADER_BYTES, ''),
+  whole('MAX_MESSAGE_BYTES', limits.MAX_MESSAGE_BYTES, 'u'),
+  whole('MAX_PARTIAL_FRAME_BYTES', limits.MAX_PARTIAL_FRAME_BYTES, 'ull'),
+  whole('FRAME_ARRIVAL_MS', limits.FRAME_ARRIVAL_MS, ''),
+  whole('MAX_QUEUED_OUTPUT_BYTES', limits.MAX_QUEUED_OUTPUT_BYTES, 'u'),
+  whole('SWEEP_MS', limits.SWEEP_MS, ''),
+  '/* The protocol between a pod\'s process and tsbox (src/ttrpc/pod-link.ts). */',
+  text('POD_SERVICE', podLink.POD_SERVICE),
+  whole('POD_PROTOCOL_VERSION', podLink.POD_PROTOCOL_VERSION, ''),
+  text('POD_HELLO', podLink.POD_HELLO),
+  text('POD_CANCEL', podLink.POD_CANCEL),
+  text('FORMER_FRONT_SERVICE', podLink.FORMER_FRONT_SERVICE),
+  '/* What one request to `tsbox-shim serve` may carry (src/runtime/helper-service.ts). */',
+  whole('SERVE_MAX_ARGS', helper.SERVE_MAX_ARGS, ''),
+  whole('SERVE_MAX_BYTES', helper.SERVE_MAX_BYTES, ''),
+  '#endif',
+  '',
+].join('\n');
+// Written only when it changes, so that its time says when the programs must be rebuilt.
+let current = '';
+try {
+  current = readFileSync(contractHeader, 'utf8');
+} catch {
+  // not written yet
+}
+if (current !== contract) {
+  mkdirSync(generated, { recursive: true });
+  writeFileSync(contractHeader, contract);
+}
 // A file that does not exist is older than any other: it gets built.
 const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
 // Every header (native/supervise.h, native/relay.h) counts for every binary, and so do the flags here.
-const inputs = [fileURLToPath(import.meta.url), ...readdirSync(native).filter((name) => name.endsWith('.h')).map((name) => join(native, name))];
+const inputs = [fileURLToPath(import.meta.url), contractHeader, ...readdirSync(native).filter((name) => name.endsWith('.h')).map((name) => join(native, name))];
 const library = ['supervise.c'];
 const binaries = {
   'tsbox-shim': ['tsbox-shim.c', 'relay.c', ...library],
@@ -35,7 +89,7 @@ for (const [dir, flags] of Object.entries(builds)) {
     const out = join(root, 'dist', dir, name);
     if (mtime(out) < Math.max(...[...srcs, ...inputs].map(mtime))) {
       mkdirSync(dirname(out), { recursive: true });
-      execFileSync(cc, [...flags, '-o', out, ...srcs], { stdio: 'inherit' });
+      execFileSync(cc, [...flags, '-I', generated, '-o', out, ...srcs], { stdio: 'inherit' });
     }
   }
 }

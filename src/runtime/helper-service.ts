@@ -121,9 +121,12 @@ export const HELPER_SERVERS = 4;
 /** How long a request ended by its bound waits for its own child to be gone before it fails. */
 const KILL_WAIT_MS = 2000;
 
-/** What one request to `tsbox-shim serve` may carry (its SERVE_MAX_ARGS and SERVE_MAX_BYTES). */
-const SERVE_MAX_ARGS = 4096;
-const SERVE_MAX_BYTES = 4 << 20;
+/**
+ * What one request to `tsbox-shim serve` may carry: the program is built with these values
+ * (scripts/build-shim.mjs writes them into its header).
+ */
+export const SERVE_MAX_ARGS = 4096;
+export const SERVE_MAX_BYTES = 4 << 20;
 
 function withinServeBounds(args: readonly string[]): boolean {
   if (args.length > SERVE_MAX_ARGS) return false;

@@ -19,20 +19,22 @@ const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..'
 const tsboxShim = path.join(repoRoot, 'dist', 'bin', 'tsbox-shim');
 
 const relaySource = path.join(repoRoot, 'native', 'relay.c');
+/** What the programs share with tsbox's TypeScript, written by scripts/build-shim.mjs. */
+export const contractHeader = path.join(repoRoot, 'dist', 'native-gen', 'tsbox-contract.h');
 
 /**
- * A bound the relay's source defines (`#define NAME expression`, of whole numbers, `*` and other
- * such names), as a number.
+ * A bound the relay's source, or the contract header it includes, defines (`#define NAME
+ * expression`, of whole numbers, `*` and other such names), as a number.
  */
 export function relayBound(name: string): number {
-  const source = readFileSync(relaySource, 'utf8');
-  const found = new RegExp(`^#define ${name} (.+)$`, 'm').exec(source);
-  if (found?.[1] === undefined) throw new Error(`native/relay.c defines no ${name}`);
+  const pattern = new RegExp(`^#define ${name} (.+)$`, 'm');
+  const found = pattern.exec(readFileSync(relaySource, 'utf8')) ?? pattern.exec(readFileSync(contractHeader, 'utf8'));
+  if (found?.[1] === undefined) throw new Error(`neither native/relay.c nor ${contractHeader} defines ${name}`);
   const terms = found[1].replace(/[()]/g, ' ').split('*').map((t) => t.trim());
   return terms.reduce((product, term) => {
     if (/^\d+(u|ull)?$/.test(term)) return product * Number(term.replace(/u(ll)?$/, ''));
     if (/^[A-Z_]+$/.test(term)) return product * relayBound(term);
-    throw new Error(`native/relay.c: ${name} is not a product of numbers: ${found[1]}`);
+    throw new Error(`${name} is not a product of numbers: ${found[1]}`);
   }, 1);
 }
 
