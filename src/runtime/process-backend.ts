@@ -217,6 +217,9 @@ export class ProcessBackend implements RuntimeBackend {
     const key = `${filename.slice(0, at)}/${filename.slice(at + 1)}`;
     const watched = this.#watched.get(key);
     if (watched !== undefined) void this.#collect(watched);
+    // A notice of an exit already known (the exit file read first, by a Stop's poll) or of no
+    // sandbox watched: the exit file says all; the notice would only be left behind.
+    else this.#dropNotice(key);
   }
 
   /** Reads the exit file of a sandbox whose supervisor ended (or announced the exit). */

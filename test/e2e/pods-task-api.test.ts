@@ -350,5 +350,40 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       await assertNothingLeft(a, [a1, a2]);
       await assertNothingLeft(b, [b1]);
     }));
+
+  test("a pod's process that stops answering (SIGSTOP) holds up that pod's calls alone, each within its caller's deadline; the other pod is served; once it runs again so is its pod", () =>
+    withLogs(async () => {
+      const configA = env.podConfig('stopped');
+      const a = await runPod(configA, TSBOX_TASK_HANDLER);
+      const a1 = await startContainer(a, configA, 'a1', 'exec sleep 100000');
+      const configB = env.podConfig('served');
+      const b = await runPod(configB, TSBOX_TASK_HANDLER);
+      const b1 = await startContainer(b, configB, 'b1', 'exec sleep 100000');
+      const stopped = supervisorOf(a);
+
+      process.kill(stopped, 'SIGSTOP');
+      try {
+        // A call to the stopped pod's containers waits for it, until its caller's deadline.
+        const held = await env.cri.call('ExecSync', { container_id: a1, cmd: ['/bin/sh', '-c', 'exit 2'], timeout: 0 }, { timeoutMs: 3000 }).then(
+          (r) => `answered: exit ${r.exit_code}`,
+          (err: { code?: number; message?: string }) => `failed: ${err.code} ${err.message}`,
+        );
+        assert.match(held, /^failed: 4 /, 'the call waits for the stopped process until its deadline (DEADLINE_EXCEEDED)');
+        // The other pod is served meanwhile, and tsbox answers for the stopped pod's sandbox.
+        assert.equal((await exec(b1, ['/bin/sh', '-c', 'exit 3'])).code, 3);
+        assert.equal((await env.cri.call('PodSandboxStatus', { pod_sandbox_id: a })).status?.state, 'SANDBOX_READY');
+      } finally {
+        process.kill(stopped, 'SIGCONT');
+      }
+      // Running again: the same process serves its pod.
+      assert.equal((await exec(a1, ['/bin/sh', '-c', 'exit 5'])).code, 5);
+      assert.equal(supervisorOf(a), stopped);
+      assert.equal((await containerState(a1)).state, 'CONTAINER_RUNNING');
+
+      await removePod(a, [a1]);
+      await removePod(b, [b1]);
+      await assertNothingLeft(a, [a1]);
+      await assertNothingLeft(b, [b1]);
+    }));
 });
 
