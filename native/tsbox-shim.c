@@ -57,6 +57,9 @@
  * mount namespace, where CRI bind-mounts it into containers. Helper modes for tsbox:
  *   tsbox-shim umount PATH    detaches whatever is mounted at PATH (at Stop); exit 0 on
  *                             success, else the reason on stderr and exit 1.
+ *   tsbox-shim peer PATH      prints the pid of the process serving the unix socket at PATH
+ *                             (SO_PEERCRED: a socket tsbox finds in use is named by its
+ *                             owner); exit 0, or the reason on stderr and exit 1.
  *   tsbox-shim mount TARGET TYPE SOURCE [OPTION...]
  *                             mounts one of containerd's mounts (a task's rootfs) at TARGET
  *                             the way containerd's core/mount does: options that are mount
@@ -127,8 +130,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -769,8 +774,38 @@ static int serve_mode(void) {
   return code;
 }
 
+/* Prints the pid of the process serving the unix socket at `path` (SO_PEERCRED): exit 0, or the
+   reason on stderr and exit 1 (nobody serves it: ECONNREFUSED or ENOENT). */
+static int peer_mode(const char *path) {
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof addr.sun_path) {
+    fprintf(stderr, "connect %s: %s\n", path, strerror(ENAMETOOLONG));
+    return 1;
+  }
+  memcpy(addr.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    fprintf(stderr, "socket: %s\n", strerror(errno));
+    return 1;
+  }
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+    fprintf(stderr, "connect %s: %s\n", path, strerror(errno));
+    if (close(fd) < 0) { /* the reason above is what matters */ }
+    return 1;
+  }
+  if (close(fd) < 0) {
+    fprintf(stderr, "close: %s\n", strerror(errno));
+    return 1;
+  }
+  printf("%d\n", (int)cred.pid);
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
 static int helper_mode(int argc, char **argv) {
   if (strcmp(argv[1], "serve") == 0 && argc == 2) return serve_mode();
+  if (strcmp(argv[1], "peer") == 0 && argc == 3) return peer_mode(argv[2]);
   if (strcmp(argv[1], "umount") == 0 && argc == 3) {
     if (umount2(argv[2], MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) {
       fprintf(stderr, "unmount %s: %s\n", argv[2], strerror(errno));
@@ -781,7 +816,7 @@ static int helper_mode(int argc, char **argv) {
   if (strcmp(argv[1], "lock") == 0 && argc == 3) return lock_mode(argv[2]);
   if (strcmp(argv[1], "mount") == 0 && argc >= 5) return mount_mode(argc, argv);
   if (strcmp(argv[1], "umount-all") == 0 && argc == 3) return umount_all_mode(argv[2]);
-  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim umount-all PATH | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH | tsbox-shim serve\n");
+  fprintf(stderr, "usage: tsbox-shim umount PATH | tsbox-shim umount-all PATH | tsbox-shim mount TARGET TYPE SOURCE [OPTION...] | tsbox-shim lock PATH | tsbox-shim peer PATH | tsbox-shim serve\n");
   return 2;
 }
 

@@ -5,7 +5,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Config } from './config/config.js';
 import { type SandboxerHandler, findOnPath, findShim, readContainerdConfig, sandboxerHandlers, shimBinaryName } from './config/containerd-config.js';
-import { TsboxError, messageOf } from './base/errors.js';
+import { TsboxError, isTsboxError, messageOf } from './base/errors.js';
 import { CRASH_POINTS, Controller, type CrashPoint } from './controller/controller.js';
 import { NO_POD_CONTAINERS, type RuntimeBackend } from './controller/types.js';
 import { criPodContainers } from './containerd/cri-containers.js';
@@ -25,6 +25,7 @@ import { createServer } from './transport/server.js';
 import { prepareSocketPath } from './transport/socket.js';
 import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { HelperService } from './runtime/helper-service.js';
+import { socketOwner } from './runtime/socket-owner.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
 import { containerdTaskEvents } from './containerd/task-events.js';
 import { RUNC_RUNTIME_TYPE, routeHandlers } from './config/task-routes.js';
@@ -257,7 +258,13 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
 }
 
 async function startLocked(config: Config, logger: Logger, lock: StateLock): Promise<Daemon> {
-  await prepareSocketPath(config.socket);
+  await prepareSocketPath(config.socket).catch(async (err: unknown) => {
+    // In use: its owner is named (another tsbox, with its pid and state dir, as a rule).
+    const owner = isTsboxError(err, 'FailedPrecondition') ? await socketOwner(config.socket, config.shimPath) : undefined;
+    if (owner === undefined) throw err;
+    const who = owner.stateDir === undefined ? `pid ${owner.pid} (${owner.command})` : `another tsbox, pid ${owner.pid}, state dir ${owner.stateDir}`;
+    throw new OperatorError(EXIT.usage, `${config.socket} is served by ${who}`, `stop it, or give this tsbox another --socket`);
+  });
   const taskApiHandlers = config.backend === 'process' ? resolveHandlerRoutes(config, logger) : [];
   if (config.taskSocket !== undefined) logger.warn({ taskSocket: config.taskSocket }, `task_socket is no longer used: each pod has a task socket of its own below ${join(config.stateDir, 's')}`);
   const longest = longestPodSocket(config.stateDir);

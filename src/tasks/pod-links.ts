@@ -1,8 +1,8 @@
 import { connect, type Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { TsboxError, errnoOf, withPath } from '../base/errors.js';
-import { POD_PROTOCOL_VERSION } from '../ttrpc/pod-link.js';
-import type { LinkOptions, TtrpcServer } from '../ttrpc/server.js';
+import { FORMER_FRONT_SERVICE, POD_CANCEL, POD_HELLO, POD_PROTOCOL_VERSION, POD_SERVICE, decodeCancel, decodeHello } from '../ttrpc/pod-link.js';
+import type { HandedOptions, OwnRequestHandler, TtrpcServer } from '../ttrpc/server.js';
 
 /** A pod whose process relays containerd's task calls to tsbox over the pod's link socket. */
 export interface LinkedPod {
@@ -29,6 +29,36 @@ class Link {
   refused = false;
 
   constructor(readonly pod: LinkedPod) {}
+}
+
+/** containerd's connection carrying the calls closed: nobody waits for their answers. */
+const cancel: OwnRequestHandler = (payload, connection) => {
+  const ids = decodeCancel(payload);
+  if (ids === undefined) return new TsboxError('InvalidArgument', `${POD_CANCEL}: the payload is not whole 4-byte stream ids (${payload.length} bytes)`);
+  connection.abort(ids, new TsboxError('Cancelled', "containerd's connection closed"));
+  return undefined;
+};
+
+/**
+ * What a pod's process asks of its own on its link (src/ttrpc/pod-link.ts): its Hello, which
+ * `hello` answers (undefined to go on, or the refusal, after which the link is closed), and the
+ * calls containerd abandoned; also the cancel of an earlier build's node-wide task front.
+ */
+export function podRequests(hello: (version: number | undefined) => TsboxError | undefined): HandedOptions {
+  return {
+    own: new Map<string, OwnRequestHandler>([
+      [
+        `${POD_SERVICE}/${POD_HELLO}`,
+        (payload, connection) => {
+          const refused = hello(decodeHello(payload));
+          if (refused !== undefined) connection.end();
+          return refused;
+        },
+      ],
+      [`${POD_SERVICE}/${POD_CANCEL}`, cancel],
+      [`${FORMER_FRONT_SERVICE}/${POD_CANCEL}`, cancel],
+    ]),
+  };
 }
 
 /** A connection to a unix socket; undefined when nobody listens there (no file, or refused). */
@@ -113,8 +143,7 @@ export class PodLinks {
     }
     link.socket = socket;
     link.retryMs = FIRST_RETRY_MS;
-    const options: LinkOptions = { hello: (version) => this.#hello(link, version) };
-    void this.#server.serveConnection(socket, options).then(() => this.#closed(link));
+    void this.#server.serveConnection(socket, podRequests((version) => this.#hello(link, version))).then(() => this.#closed(link));
   }
 
   #hello(link: Link, version: number | undefined): TsboxError | undefined {

@@ -7,7 +7,7 @@ import { signalProcess } from '../runtime/proc.js';
 import type { CgroupManager } from '../runtime/cgroups.js';
 import type { HelperService } from '../runtime/helper-service.js';
 import { TtrpcServer } from '../ttrpc/server.js';
-import { PodLinks, dialUnix } from './pod-links.js';
+import { PodLinks, dialUnix, podRequests } from './pod-links.js';
 import { registerTaskService } from './task-service.js';
 import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskEvents } from './tasks.js';
 
@@ -120,7 +120,7 @@ async function serveFormerFront(server: TtrpcServer, stateDir: string, logger: L
   });
   if (socket === undefined) return;
   logger.info({ backend: path }, "serving the pods of an earlier build's task front");
-  await server.serveConnection(socket, { hello: () => undefined });
+  await server.serveConnection(socket, podRequests(() => undefined));
   if (closing()) return;
   await delay(1000);
   if (!closing()) await serveFormerFront(server, stateDir, logger, closing);

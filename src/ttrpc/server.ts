@@ -6,7 +6,6 @@ import { LISTEN_BACKLOG, MAX_TIMER_MS, maxConnections } from '../transport/limit
 import { listenUnixSocket } from '../transport/socket.js';
 import { toStatus, type Status } from '../transport/status.js';
 import { FrameDecoder, FrameType, encodeFrame, type Decoded, type Frame } from './frame.js';
-import { FORMER_FRONT_SERVICE, POD_CANCEL, POD_HELLO, POD_SERVICE, decodeCancel, decodeHello } from './pod-link.js';
 import { writeBounded } from './peer.js';
 import {
   FRAME_ARRIVAL_MS,
@@ -64,13 +63,24 @@ interface Call {
   answered: boolean;
 }
 
-/** What the owner of a link decides of it (TtrpcServer.serveConnection). */
-export interface LinkOptions {
-  /**
-   * The relay's Hello: undefined to go on, or the refusal it is answered with, after which the
-   * link is closed.
-   */
-  readonly hello: (version: number | undefined) => TsboxError | undefined;
+/** A connection the server was handed (serveConnection), as the handlers of its peer's own requests see it. */
+export interface HandedConnection {
+  /** Ends the calls of these stream ids, unanswered: the peer says nobody waits for them. */
+  abort(streamIds: readonly number[], reason: TsboxError): void;
+  /** Closes the connection once the answer to the request in hand is written. */
+  end(): void;
+}
+
+/**
+ * A request the peer of a handed connection makes of its own (not a call it passes on), answered
+ * at once: undefined for OK, or the error it is answered with.
+ */
+export type OwnRequestHandler = (payload: Uint8Array, connection: HandedConnection) => TsboxError | undefined;
+
+/** What the owner of a handed connection decides of it (TtrpcServer.serveConnection). */
+export interface HandedOptions {
+  /** The peer's own requests, by `service/method`: served on this connection only. */
+  readonly own: ReadonlyMap<string, OwnRequestHandler>;
 }
 
 /** One accepted connection. */
@@ -89,12 +99,12 @@ class Connection {
     readonly socket: Socket,
     now: number,
     /**
-     * A link to a relay (a pod's process, pod-link.ts): it carries the pod's calls from
-     * containerd, is never evicted, and at shutdown its calls get no answer, so that the relay
-     * keeps them for the next tsbox instead of passing containerd a failure. Undefined for a
+     * A connection the server was handed (a link to a pod's process, which relays containerd's
+     * calls): it is never evicted, and at shutdown its calls get no answer, so that its peer
+     * keeps them for the next server instead of passing its callers a failure. Undefined for a
      * connection accepted on a socket of the server's own.
      */
-    readonly link?: LinkOptions,
+    readonly handed?: HandedOptions,
   ) {
     this.lastActive = now;
   }
@@ -186,7 +196,7 @@ export class TtrpcServer {
     if (this.#sweep !== undefined) clearInterval(this.#sweep);
     for (const connection of this.#connections) {
       // A relay keeps its calls for the next tsbox: they get no answer from this one.
-      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, connection.link === undefined);
+      for (const call of connection.calls.values()) this.#abort(connection, call, this.#closing, connection.handed === undefined);
     }
     if (this.#calls > 0) {
       await new Promise<void>((resolve) => {
@@ -208,12 +218,12 @@ export class TtrpcServer {
    * Serves one connection tsbox opened itself to a relay (a pod's process), which relays
    * containerd's calls for one pod: as an accepted one (the same bound on its calls, so that a
    * flood on one pod's socket leaves room for the others'), but never evicted, and left
-   * unanswered at shutdown (see Connection.link). Resolves when it closes.
+   * unanswered at shutdown (see Connection.handed). Resolves when it closes.
    */
-  serveConnection(socket: Socket, link: LinkOptions): Promise<void> {
+  serveConnection(socket: Socket, handed: HandedOptions): Promise<void> {
     const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
     if (this.#closing !== undefined) socket.destroy();
-    else this.#adopt(new Connection(socket, Date.now(), link));
+    else this.#adopt(new Connection(socket, Date.now(), handed));
     return closed;
   }
 
@@ -241,7 +251,7 @@ export class TtrpcServer {
   #evictIdle(): boolean {
     let victim: Connection | undefined;
     for (const connection of this.#connections) {
-      if (connection.calls.size > 0 || connection.link !== undefined) continue;
+      if (connection.calls.size > 0 || connection.handed !== undefined) continue;
       if (victim === undefined || connection.lastActive < victim.lastActive) victim = connection;
     }
     if (victim === undefined) return false;
@@ -312,8 +322,9 @@ export class TtrpcServer {
       this.#answer(connection, streamId, invalid(`cannot decode the request: ${messageOf(err)}`));
       return;
     }
-    if (connection.link !== undefined && (request.service === POD_SERVICE || request.service === FORMER_FRONT_SERVICE)) {
-      this.#onLinkRequest(connection, connection.link, streamId, request);
+    const own = connection.handed?.own.get(`${request.service}/${request.method}`);
+    if (own !== undefined) {
+      this.#onOwnRequest(connection, streamId, request, own);
       return;
     }
     const handler = this.#handlers.get(`${request.service}/${request.method}`);
@@ -321,7 +332,7 @@ export class TtrpcServer {
       this.#answer(connection, streamId, { code: GRPC_CODES.Unimplemented, message: `${request.service}/${request.method} is not implemented` });
     } else if (this.#closing !== undefined) {
       // A relay's requests stay with the relay for the next tsbox.
-      if (connection.link === undefined) this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
+      if (connection.handed === undefined) this.#answer(connection, streamId, { code: GRPC_CODES.Unavailable, message: this.#closing.message });
     } else if (connection.calls.size >= MAX_CALLS_PER_CONNECTION || this.#calls >= MAX_CALLS) {
       this.#answer(connection, streamId, { code: GRPC_CODES.ResourceExhausted, message: 'too many calls in flight' });
     } else {
@@ -329,29 +340,24 @@ export class TtrpcServer {
     }
   }
 
-  /** A relay's own requests (pod-link.ts): its Hello, and the calls containerd abandoned. */
-  #onLinkRequest(connection: Connection, link: LinkOptions, streamId: number, request: Request): void {
-    if (request.service === POD_SERVICE && request.method === POD_HELLO) {
-      const refused = link.hello(decodeHello(request.payload));
-      if (refused === undefined) {
-        this.#answer(connection, streamId, OK);
-      } else {
-        this.#answer(connection, streamId, toStatus(refused, this.#log, `${POD_SERVICE}/${POD_HELLO}`));
-        connection.socket.end();
-      }
-      return;
-    }
-    const ids = request.method === POD_CANCEL ? decodeCancel(request.payload) : undefined;
-    if (ids === undefined) {
-      this.#answer(connection, streamId, invalid(`${request.service}/${request.method}: not a request of a pod's process`));
-      return;
-    }
-    const gone = new TsboxError('Cancelled', 'containerd\'s connection closed');
-    for (const id of ids) {
-      const call = connection.calls.get(id);
-      if (call !== undefined) this.#abort(connection, call, gone, false);
-    }
-    this.#answer(connection, streamId, OK);
+  /** A request of the handed connection's peer of its own, answered at once. */
+  #onOwnRequest(connection: Connection, streamId: number, request: Request, handle: OwnRequestHandler): void {
+    let ending = false;
+    const handed: HandedConnection = {
+      abort: (streamIds, reason) => {
+        for (const id of streamIds) {
+          const call = connection.calls.get(id);
+          if (call !== undefined) this.#abort(connection, call, reason, false);
+        }
+      },
+      end: () => {
+        ending = true;
+      },
+    };
+    const rpc = `${request.service}/${request.method}`;
+    const refused = handle(request.payload, handed);
+    this.#answer(connection, streamId, refused === undefined ? OK : toStatus(refused, this.#log, rpc));
+    if (ending) connection.socket.end();
   }
 
   #run(connection: Connection, streamId: number, request: Request, handler: TtrpcHandler): void {
@@ -378,7 +384,7 @@ export class TtrpcServer {
       if (call.timer !== undefined) clearTimeout(call.timer);
       connection.calls.delete(streamId);
       this.#calls--;
-      if (!call.answered && !(connection.link !== undefined && this.#closing !== undefined)) {
+      if (!call.answered && !(connection.handed !== undefined && this.#closing !== undefined)) {
         call.answered = true;
         this.#answer(connection, streamId, status, status.payload);
       }

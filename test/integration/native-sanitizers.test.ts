@@ -24,6 +24,7 @@ import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { pino } from 'pino';
 import { TsboxError, abortError } from '../../src/base/errors.js';
+import { podRequests } from '../../src/tasks/pod-links.js';
 import { parseHolderRecord } from '../../src/runtime/container-holder.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
 import { parseExitFile } from '../../src/runtime/process-backend.js';
@@ -229,9 +230,10 @@ describe('the sanitized pod\'s process in relay mode', () => {
         socket.once('error', reject);
       });
       opened.push(socket);
-      void server.serveConnection(socket, {
-        hello: (v) => (v === version ? undefined : new TsboxError('FailedPrecondition', `pod protocol version ${String(v)} is not ${version}`)),
-      });
+      void server.serveConnection(
+        socket,
+        podRequests((v) => (v === version ? undefined : new TsboxError('FailedPrecondition', `pod protocol version ${String(v)} is not ${version}`))),
+      );
       return socket;
     };
     const client = async (): Promise<RawTtrpc> => {

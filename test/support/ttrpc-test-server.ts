@@ -1,5 +1,5 @@
 /**
- * A ttrpc server process for the hostile tier (test/hostile/ttrpc.test.ts, front.test.ts), so
+ * A ttrpc server process for the hostile tier (test/hostile/ttrpc.test.ts, pod-relay.test.ts), so
  * that its memory and descriptors can be watched apart from the test's:
  * `node ttrpc-test-server.js <socket>` serves the test service (ttrpc-peer.ts) with the default
  * limits on its own socket; `node ttrpc-test-server.js --link <link socket>` serves it through a
@@ -10,6 +10,7 @@
 import { connect } from 'node:net';
 import { pino } from 'pino';
 import { TsboxError } from '../../src/base/errors.js';
+import { podRequests } from '../../src/tasks/pod-links.js';
 import { POD_PROTOCOL_VERSION } from '../../src/ttrpc/pod-link.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { addTestMethods } from './ttrpc-peer.js';
@@ -26,7 +27,7 @@ if (first === '--link') {
   });
   const hello = (version: number | undefined): TsboxError | undefined =>
     version === POD_PROTOCOL_VERSION ? undefined : new TsboxError('FailedPrecondition', `pod protocol version ${String(version)} is not ${POD_PROTOCOL_VERSION}`);
-  void server.serveConnection(socket, { hello });
+  void server.serveConnection(socket, podRequests(hello));
 } else {
   await server.listen(first, 0o600);
 }
