@@ -27,6 +27,7 @@ import { mountRootfs, unmountRootfs } from './tasks/rootfs.js';
 import { HelperService } from './runtime/helper-service.js';
 import { socketOwner } from './runtime/socket-owner.js';
 import { containerCgroups, hasRecordedTasks, startTaskServer, taskDirs, tasksServedMark, type TaskServer } from './tasks/serve.js';
+import { TASK_CRASH_POINTS, type TaskCrashPoint } from './tasks/tasks.js';
 import { containerdTaskEvents } from './containerd/task-events.js';
 import { RUNC_RUNTIME_TYPE, routeHandlers } from './config/task-routes.js';
 
@@ -160,7 +161,7 @@ function resolveHandlerRoutes(config: Config, logger: Logger): readonly string[]
 }
 
 /** Serves containerd's Task API v3 for the containers of pods on the Task API route. */
-async function startTasks(config: Config, logger: Logger, helper: HelperService): Promise<TaskServer> {
+async function startTasks(config: Config, logger: Logger, helper: HelperService, crash: CrashHook | undefined): Promise<TaskServer> {
   const log = logger.child({ component: 'tasks' });
   // The tasks' directory below containerd's state dir is one tsbox's, as its state dir is.
   // containerd's state dir, when tsbox comes first, as containerd would make it (0711: not
@@ -173,14 +174,14 @@ async function startTasks(config: Config, logger: Logger, helper: HelperService)
     throw new OperatorError(EXIT.usage, err.message, `another tsbox serves tasks for the containerd whose state dir is ${config.containerdState}: stop it (pid ${err.holderPid ?? 'in the lock file'}), or give this tsbox another containerd`);
   });
   try {
-    return await serveTasks(config, log, helper, lock);
+    return await serveTasks(config, log, helper, lock, crash);
   } catch (err) {
     await lock.release();
     throw err;
   }
 }
 
-async function serveTasks(config: Config, log: Logger, helper: HelperService, lock: StateLock): Promise<TaskServer> {
+async function serveTasks(config: Config, log: Logger, helper: HelperService, lock: StateLock, crash: CrashHook | undefined): Promise<TaskServer> {
   await writeFile(tasksServedMark(config.stateDir), '', { mode: 0o600 });
   const { manager } = detectCgroups();
   const events = containerdTaskEvents(config.containerdAddress, log);
@@ -194,6 +195,7 @@ async function serveTasks(config: Config, log: Logger, helper: HelperService, lo
     rootfs: { mount: (mounts, target, signal) => mountRootfs(helper, mounts, target, signal), unmount: (target, signal) => unmountRootfs(helper, target, signal, { helperOnlyWhenMounted: true }) },
     events,
     cgroups: manager === undefined ? undefined : containerCgroups(manager),
+    crashPoint: crash,
   }).catch((err: unknown) => {
     events.close();
     throw err;
@@ -211,11 +213,15 @@ async function serveTasks(config: Config, log: Logger, helper: HelperService, lo
   };
 }
 
+/** A named point of the controller's (sandboxes) or of the task table's (the Task API route). */
+type CrashHook = (point: CrashPoint | TaskCrashPoint) => void;
+
 /** The crash-test hook: dies with SIGKILL at the configured point; nothing when unset. */
-function crashHook(crashAt: string, logger: Logger): ((point: CrashPoint) => void) | undefined {
+function crashHook(crashAt: string, logger: Logger): CrashHook | undefined {
   if (crashAt === '') return undefined;
-  if (!CRASH_POINTS.includes(crashAt as CrashPoint)) {
-    throw new Error(`TSBOX_CRASH_AT=${crashAt} is not one of: ${CRASH_POINTS.join(', ')}`);
+  const points: readonly string[] = [...CRASH_POINTS, ...TASK_CRASH_POINTS];
+  if (!points.includes(crashAt)) {
+    throw new Error(`TSBOX_CRASH_AT=${crashAt} is not one of: ${points.join(', ')}`);
   }
   logger.warn({ crashAt }, 'crash test: this daemon will kill itself at the named point');
   return (point) => {
@@ -258,6 +264,8 @@ export async function startDaemon(config: Config, logger: Logger): Promise<Daemo
 }
 
 async function startLocked(config: Config, logger: Logger, lock: StateLock): Promise<Daemon> {
+  // The crash tests' hook (TSBOX_CRASH_AT only), for the task table and the controller alike.
+  const crash = crashHook(config.crashAt, logger);
   await prepareSocketPath(config.socket).catch(async (err: unknown) => {
     // In use: its owner is named (another tsbox, with its pid and state dir, as a rule).
     const owner = isTsboxError(err, 'FailedPrecondition') ? await socketOwner(config.socket, config.shimPath) : undefined;
@@ -285,7 +293,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   // The Task API v3 server, when a handler uses it or tasks of an earlier run are recorded:
   // its tasks recovered before the sandboxes, whose recovery links each pod's process to it.
   const taskServer = config.backend === 'process' && (taskApiHandlers.length > 0 || (await hasRecordedTasks(config.stateDir, config.containerdState)))
-    ? await startTasks(config, logger, helper)
+    ? await startTasks(config, logger, helper, crash)
     : undefined;
   const route = taskServer === undefined ? undefined : taskRoute(taskApiHandlers, taskServer, logger.child({ component: 'tasks' }));
   const rawBackend = await createBackend(config, logger, route, helper);
@@ -296,7 +304,7 @@ async function startLocked(config: Config, logger: Logger, lock: StateLock): Pro
   // CRI's view of a pod's containers, which a Stop waits to settle; a noop backend runs no pod.
   const podContainers = config.backend === 'process' ? criPodContainers(config.containerdAddress, { logger: logger.child({ component: 'cri' }) }) : NO_POD_CONTAINERS;
   const controller = new Controller({
-    crashPoint: crashHook(config.crashAt, logger),
+    crashPoint: crash,
     backend,
     store: metrics !== undefined ? instrumentStore(store, metrics) : store,
     logger: logger.child({ component: 'controller' }),

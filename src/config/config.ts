@@ -152,8 +152,9 @@ const schema = z
     supervisorPollMs: intFlag(100, 600_000),
     /**
      * Crash tests only: the daemon kills itself with SIGKILL at this named point (see
-     * CrashPoint in controller.ts). Set only by the TSBOX_CRASH_AT environment variable; no
-     * flag, file setting or RPC reaches it; empty (off) by default.
+     * CrashPoint in controller.ts, TaskCrashPoint in tasks/tasks.ts). Set only by the
+     * TSBOX_CRASH_AT environment variable; no flag, file setting or RPC reaches it; empty
+     * (off) by default.
      */
     crashAt: z.string(),
   })

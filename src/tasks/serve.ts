@@ -9,7 +9,7 @@ import type { HelperService } from '../runtime/helper-service.js';
 import { TtrpcServer } from '../ttrpc/server.js';
 import { PodLinks, dialUnix, podRequests } from './pod-links.js';
 import { registerTaskService } from './task-service.js';
-import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskEvents } from './tasks.js';
+import { TaskTable, type ContainerCgroups, type RootfsMounter, type TaskCrashPoint, type TaskEvents } from './tasks.js';
 
 /**
  * Where the task server keeps its tasks' records and holders' files, and runc its state: below
@@ -87,6 +87,8 @@ export interface TaskServerOptions {
   readonly rootfs: RootfsMounter;
   readonly events: TaskEvents;
   readonly cgroups: ContainerCgroups | undefined;
+  /** The crash tests' hook (TSBOX_CRASH_AT); none in normal use. */
+  readonly crashPoint?: ((point: TaskCrashPoint) => void) | undefined;
 }
 
 /** The running Task API v3 server. */
@@ -145,6 +147,7 @@ export async function startTaskServer(options: TaskServerOptions): Promise<TaskS
     rootfs: options.rootfs,
     events: options.events,
     cgroups: options.cgroups,
+    crashPoint: options.crashPoint,
   });
   await tasks.recover();
   const server = new TtrpcServer({ logger: options.logger });

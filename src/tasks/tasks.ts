@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import { readdir } from 'node:fs/promises';
 import { type ChangeCalls, changesAt, changesFor, readFile } from '../base/fs-now.js';
 import { basename, join } from 'node:path';
@@ -24,6 +23,18 @@ import { type Bound, boundOf } from '../runtime/bound.js';
 import type { HelperService } from '../runtime/helper-service.js';
 import { deleteStoppedContainer } from './runc-delete.js';
 import { runc, type RuncOptions } from './runc.js';
+import {
+  EXEC_RECORD_FILE,
+  TASK_RECORD_FILE,
+  TASK_RECORD_VERSION,
+  type ExecRecordFile,
+  type TaskRecordFile,
+  execDirName,
+  readExecRecord,
+  readTaskRecord,
+  taskDirName,
+} from './task-record.js';
+import { type ProcessEvent, type ProcessKind, type ProcessState as ProcessLife, hasEnded, protocolStatus, transition } from './task-state.js';
 
 /**
  * The tasks tsbox runs for containerd's Task API v3 (research notes on the Task API, §2): one
@@ -112,66 +123,114 @@ export interface TaskTableOptions {
   readonly rootfs: RootfsMounter;
   readonly events: TaskEvents;
   readonly cgroups: ContainerCgroups | undefined;
+  /** Called at each TaskCrashPoint; the daemon's hook dies there when told to (crash tests only). */
+  readonly crashPoint?: ((point: TaskCrashPoint) => void) | undefined;
 }
 
-/** The record of a task, in `<dir>/<key>/task.json`. */
-interface TaskRecord extends ProcessIo {
-  readonly namespace: string;
-  readonly id: string;
-  readonly bundle: string;
-  readonly systemdCgroup: boolean;
-  readonly runcPath: string;
-  /** runc's root for the container (its namespace's directory); recovery fills it in for a record of a tsbox that kept one root. */
-  readonly runcRoot: string;
-  /** The sandbox the task belongs to (containerd's `<bundle>/sandbox`); '' when it names none. */
-  readonly sandboxId?: string;
-}
+/**
+ * The record of a task, in `<dir>/<key>/task.json` (task-record.ts: its schema and version),
+ * as the table holds it: it always names its runc root (recovery fills it in for a record of a
+ * tsbox that kept one root).
+ */
+type TaskRecord = Readonly<Omit<TaskRecordFile, 'runcRoot'> & { runcRoot: string }>;
 
 /** The record of an exec, in `<task dir>/<exec key>/exec.json`. */
-interface ExecRecord extends ProcessIo {
-  readonly execId: string;
-  readonly spec: Record<string, unknown>;
-}
+type ExecRecord = Readonly<ExecRecordFile>;
 
-/** One process of a task: the init or an exec. */
+/**
+ * Named points in the task table's calls where a crash of tsbox matters. The crash tests make
+ * the daemon die at one of them (TSBOX_CRASH_AT, as the controller's CrashPoint); in normal use
+ * the hook is a no-op. What each leaves and how it is recovered is in DESIGN.md ("The Task
+ * API route": crashes).
+ */
+export type TaskCrashPoint =
+  | 'task-create:after-record'
+  | 'task-create:after-mount'
+  | 'task-create:after-holder'
+  | 'task-start:after-holder-start'
+  | 'task-exec:after-record'
+  | 'task-exec-start:after-holder'
+  | 'task-exit:before-report'
+  | 'task-delete:after-runc-delete'
+  | 'task-delete:after-unmount'
+  | 'task-delete:after-record-remove';
+
+export const TASK_CRASH_POINTS: readonly TaskCrashPoint[] = [
+  'task-create:after-record',
+  'task-create:after-mount',
+  'task-create:after-holder',
+  'task-start:after-holder-start',
+  'task-exec:after-record',
+  'task-exec-start:after-holder',
+  'task-exit:before-report',
+  'task-delete:after-runc-delete',
+  'task-delete:after-unmount',
+  'task-delete:after-record-remove',
+];
+
+/** One process of a task: the init or an exec, with its state (task-state.ts). */
 class Proc {
   holder: ContainerHolder | undefined;
+  /** The exit, once known (the state is then exited, ended-unstarted, or deleted). */
   exit: ExitInfo | undefined;
-  started = false;
+  #state: ProcessLife;
   /** Resolves once the exit is known (and, for an OOM, published). */
   readonly exited: Promise<ExitInfo>;
   #resolve!: (exit: ExitInfo) => void;
+  readonly kind: ProcessKind;
 
   constructor(
     readonly execId: string,
     readonly dir: string,
     readonly io: ProcessIo,
     readonly spec: Record<string, unknown> | undefined,
+    /** What messages call it: `process <exec id or task id>`. */
+    readonly name: string,
+    state: ProcessLife,
   ) {
+    this.kind = execId === '' ? 'init' : 'exec';
+    this.#state = state;
     this.exited = new Promise((resolve) => (this.#resolve = resolve));
+  }
+
+  get state(): ProcessLife {
+    return this.#state;
   }
 
   get pid(): number {
     return this.holder?.pid ?? 0;
   }
 
-  get status(): Status {
-    if (this.exit !== undefined) return Status.STOPPED;
-    return this.started ? Status.RUNNING : Status.CREATED;
+  /** The state after `event` (task-state.ts's transition), or its refusal thrown. */
+  on(event: ProcessEvent): ProcessLife {
+    this.#state = transition(this.kind, this.#state, event, this.name);
+    return this.#state;
   }
 
+  /**
+   * The state read back at recovery (from the holder's files and runc's state): where this
+   * process's life goes on in this tsbox. An exit found with it is told after, as any exit.
+   */
+  recovered(state: 'created' | 'running' | 'paused'): void {
+    this.#state = state;
+  }
+
+  /** Whether `event` may happen now, without changing anything: the refusal thrown when not. */
+  check(event: ProcessEvent): ProcessLife {
+    return transition(this.kind, this.#state, event, this.name);
+  }
+
+  /** The exit is known: recorded once, the state moved on, Waits answered. */
   settle(exit: ExitInfo): void {
     if (this.exit !== undefined) return;
     this.exit = exit;
+    this.on('exit');
     this.#resolve(exit);
   }
 }
 
 class Task {
   readonly execs = new Map<string, Proc>();
-  deleted = false;
-  /** Frozen by Pause (runc pause) until Resume. */
-  paused = false;
   /** The container's cgroup, located at Create (the init's /proc entry is gone after its exit). */
   cgroup: string | undefined;
   /** The OOM-kill count of the container's cgroup that containerd has been told of (TaskOOM). */
@@ -208,11 +267,6 @@ async function exists(path: string): Promise<boolean> {
   return (await readIfPresentNow(path)) !== undefined;
 }
 
-/** Short, fixed-length directory names: a holder's control socket path must fit 108 bytes. */
-function shortName(...parts: string[]): string {
-  return createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 16);
-}
-
 async function writeJson(fs: ChangeCalls, path: string, value: unknown): Promise<void> {
   await fs.writeFile(`${path}.tmp`, JSON.stringify(value), { mode: 0o600 });
   await fs.rename(`${path}.tmp`, path);
@@ -246,6 +300,12 @@ export class TaskTable {
   readonly #log: Logger;
   readonly #tasks = new Map<string, Task>();
   readonly #queue = new SerialQueue<string>();
+  readonly #crash: (point: TaskCrashPoint) => void;
+  /**
+   * The directories whose record could not be read at recovery, with the reason: left as they
+   * are for an operator (or the build that reads them), never served, never made anew.
+   */
+  readonly #unreadable = new Map<string, string>();
 
   /** The tasks' directory and their runc root, with their change calls (at once on a tmpfs). */
   readonly #places: readonly { readonly dir: string; readonly calls: ChangeCalls }[];
@@ -253,6 +313,7 @@ export class TaskTable {
   constructor(options: TaskTableOptions) {
     this.#opts = options;
     this.#log = options.logger.child({ component: 'tasks' });
+    this.#crash = options.crashPoint ?? (() => undefined);
     const unknown = (err: unknown, path: string): void => this.#log.warn({ err, path }, 'cannot tell the file system of the tasks\' files: changed through the thread pool');
     const tasks = changesFor(options.dir, unknown);
     const runcRoot = changesFor(options.runcRoot, unknown);
@@ -282,7 +343,7 @@ export class TaskTable {
 
   #get(ns: string, id: string): Task {
     const task = this.#tasks.get(this.#key(ns, id));
-    if (task === undefined || task.deleted) throw new TsboxError('NotFound', `task ${id} not found in namespace ${ns}`);
+    if (task === undefined || task.init.state === 'deleted') throw new TsboxError('NotFound', `task ${id} not found in namespace ${ns}`);
     return task;
   }
 
@@ -292,6 +353,15 @@ export class TaskTable {
     const proc = task.execs.get(execId);
     if (proc === undefined) throw new TsboxError('NotFound', `process ${execId} not found in task ${id}`);
     return { task, proc };
+  }
+
+  /**
+   * A directory whose record could not be read at recovery is left for an operator (or the
+   * build that reads it): a call that would make it anew is refused, naming the file and why.
+   */
+  #refuseUnreadable(dir: string, what: string): void {
+    const reason = this.#unreadable.get(dir);
+    if (reason !== undefined) throw new TsboxError('FailedPrecondition', `${what}: its directory ${dir} holds a record tsbox cannot read (${reason}); it is left as it is until removed`);
   }
 
   /**
@@ -305,7 +375,7 @@ export class TaskTable {
   /** The init's pid of a task, 0 when there is none (Connect never fails). */
   pidOf(ns: string, id: string): number {
     const task = this.#tasks.get(this.#key(ns, id));
-    return task === undefined || task.deleted ? 0 : task.init.pid;
+    return task === undefined || task.init.state === 'deleted' ? 0 : task.init.pid;
   }
 
   /**
@@ -319,11 +389,13 @@ export class TaskTable {
     return this.#queue.run(key, async () => {
       const tPrep = performance.now();
       const existing = this.#tasks.get(key);
-      if (existing !== undefined && !existing.deleted) {
+      if (existing !== undefined && existing.init.state !== 'deleted') {
         if (existing.record.bundle === request.bundle) return existing.init.pid;
         throw new TsboxError('AlreadyExists', `task ${request.id} already exists in namespace ${ns}`);
       }
       if (request.checkpoint !== '') throw new TsboxError('FailedPrecondition', `task ${request.id}: restoring from a checkpoint is not supported`);
+      const dir = join(this.#opts.dir, taskDirName(ns, request.id));
+      this.#refuseUnreadable(dir, `task ${request.id}`);
       const options = runcHandlerOptions(request.options);
       let config: unknown;
       try {
@@ -331,8 +403,8 @@ export class TaskTable {
       } catch (err) {
         throw new TsboxError('InvalidArgument', `task ${request.id}: cannot read the bundle's config.json: ${messageOf(err)}`, { cause: err });
       }
-      const dir = join(this.#opts.dir, shortName(ns, request.id));
       const record: TaskRecord = {
+        version: TASK_RECORD_VERSION,
         namespace: ns,
         id: request.id,
         bundle: request.bundle,
@@ -351,17 +423,19 @@ export class TaskTable {
       await fs.mkdir(join(dir, 'init'), { recursive: true, mode: 0o700 });
       await this.#changes(this.#runc(record).root).mkdir(this.#runc(record).root, { recursive: true, mode: 0o700 });
       let mounted = false;
-      let holder: ContainerHolder | undefined;
+      const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined, `process ${request.id}`, 'creating'));
       try {
         // First, so that a tsbox that dies part-way leaves a record naming what to undo.
-        await writeJson(fs, join(dir, 'task.json'), record);
+        await writeJson(fs, join(dir, TASK_RECORD_FILE), record);
+        this.#crash('task-create:after-record');
         const t0 = performance.now();
         if (request.rootfs.length > 0) {
           await this.#opts.rootfs.mount(request.rootfs, rootfs, signal);
           mounted = true;
         }
+        this.#crash('task-create:after-mount');
         const t1 = performance.now();
-        holder = await createContainer({
+        const holder = await createContainer({
           dir: join(dir, 'init'),
           id: request.id,
           root: this.#runc(record).root,
@@ -383,9 +457,10 @@ export class TaskTable {
           // What tsbox mounted goes as the init ends; Delete then finds nothing left to unmount.
           unmountRootfs: mounted,
         });
+        this.#crash('task-create:after-holder');
         const t2 = performance.now();
-        const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
         task.init.holder = holder;
+        task.init.on('created');
         task.cgroup = await this.#locate(holder.pid);
         // Kept for a restarted tsbox: the init's /proc entry, which locates it, goes at its exit.
         if (task.cgroup !== undefined) await fs.writeFile(join(dir, 'cgroup'), task.cgroup, { mode: 0o600 });
@@ -397,6 +472,7 @@ export class TaskTable {
         this.#log.debug({ id: request.id, prepareMs: ms(t0 - tPrep), mountMs: ms(t1 - t0), runcCreateMs: ms(t2 - t1), afterMs: ms(performance.now() - t2) }, 'task created');
         return holder.pid;
       } catch (err) {
+        task.init.on(task.init.state === 'creating' ? 'create-failed' : 'delete');
         // runc may have made the container although its holder did not answer in time (or the
         // call was cancelled): deleted in any case, so that a retried Create finds nothing.
         await runc(this.#runc(record), ['delete', '--force', request.id]).catch((e: unknown) => {
@@ -450,7 +526,10 @@ export class TaskTable {
     const onWatchLost = (err: Error): void => this.#log.warn({ err, id: task.record.id, execId: proc.execId }, 'cannot watch for a process\'s exit file; its holder\'s socket tells the exit');
     const onOom = (kills: number): void => this.#liveOom(task, kills);
     holder.waitExit(undefined, proc.execId === '' ? { onWatchLost, onOom } : { onWatchLost }).then(
-      (exit) => this.#reportExit(task, proc, exit),
+      (exit) => {
+        if (!this.#closed) this.#crash('task-exit:before-report');
+        return this.#reportExit(task, proc, exit);
+      },
       (err: unknown) => {
         this.#log.error({ err, id: task.record.id, execId: proc.execId }, 'cannot follow a process\'s exit; reporting status 255');
         proc.settle({ status: 255, exitedAt: systemClock(), reason: `exit unknown: ${messageOf(err)}` });
@@ -497,23 +576,32 @@ export class TaskTable {
   start(ns: string, id: string, execId: string, signal: CallSignal): Promise<number> {
     return this.#queue.run(this.#key(ns, id), async () => {
       const { task, proc } = this.#proc(ns, id, execId);
-      // Started already: the same Start again (the task front replays what a restarted tsbox
-      // left unanswered), answered as the first, even if the process has exited since.
-      if (proc.started) return proc.pid;
-      if (proc.exit !== undefined) throw new TsboxError('FailedPrecondition', `process ${execId || id} has already exited`);
+      // Started already: the same Start again (the pod's process replays what a restarted tsbox
+      // left unanswered), answered as the first, even if the process has exited since. A
+      // process that ended unstarted is refused.
+      const before = proc.state;
+      if (proc.check('start') === before) return proc.pid;
       if (execId === '') {
         const t0 = performance.now();
-        await (proc.holder as ContainerHolder).start(signal);
+        proc.on('start');
+        try {
+          await (proc.holder as ContainerHolder).start(signal);
+        } catch (err) {
+          proc.on('start-failed');
+          throw err;
+        }
+        this.#crash('task-start:after-holder-start');
         this.#log.debug({ id, runcStartMs: Math.round((performance.now() - t0) * 10) / 10 }, 'task started');
-        proc.started = true;
+        proc.on('started');
         this.#opts.events.started(ns, id, proc.pid);
         return proc.pid;
       }
-      if (task.init.exit !== undefined || !task.init.started) {
-        throw new TsboxError('FailedPrecondition', `cannot start process ${execId}: the container's init is ${task.init.exit === undefined ? 'not running' : 'gone'}`);
-      }
+      // An exec starts in a container whose init runs.
+      task.init.check('start-exec');
+      proc.on('start');
+      let holder: ContainerHolder;
       try {
-        proc.holder = await execProcess({
+        holder = await execProcess({
           dir: proc.dir,
           changes: this.#changes(proc.dir),
           id,
@@ -531,11 +619,13 @@ export class TaskTable {
           process: proc.spec ?? {},
         });
       } catch (err) {
-        // Waits on a process that never ran end now, as the runc shim ends them.
+        // Waits on a process that never ran end now, as the runc shim ends them: its exit.
         proc.settle({ status: 255, exitedAt: systemClock(), reason: `never started: ${messageOf(err)}` });
         throw err;
       }
-      proc.started = true;
+      this.#crash('task-exec-start:after-holder');
+      proc.holder = holder;
+      proc.on('started');
       this.#watch(task, proc);
       this.#opts.events.execStarted(ns, id, execId, proc.pid);
       return proc.pid;
@@ -549,11 +639,14 @@ export class TaskTable {
       const task = this.#get(ns, id);
       const known = task.execs.get(execId);
       if (known !== undefined) {
-        // The same request again (the task front replays what a restarted tsbox left unanswered).
+        // The same request again (the pod's process replays what a restarted tsbox left unanswered).
         if (sameJson(known.spec, spec) && known.io.stdin === io.stdin && known.io.stdout === io.stdout && known.io.stderr === io.stderr && known.io.terminal === io.terminal) return;
         throw new TsboxError('AlreadyExists', `process ${execId} already exists in task ${id}`);
       }
-      if (task.init.exit !== undefined) throw new TsboxError('FailedPrecondition', `cannot exec in task ${id}: its init has exited`);
+      // In a container whose init has not exited.
+      task.init.check('exec');
+      const dir = join(task.dir, execDirName(execId));
+      this.#refuseUnreadable(dir, `process ${execId}`);
       let process: Record<string, unknown>;
       try {
         const parsed: unknown = JSON.parse(Buffer.from(spec?.value ?? []).toString('utf8'));
@@ -562,19 +655,19 @@ export class TaskTable {
       } catch (err) {
         throw new TsboxError('InvalidArgument', `exec ${execId}: the process spec is not an OCI process in JSON: ${messageOf(err)}`, { cause: err });
       }
-      const dir = join(task.dir, `e-${shortName(execId)}`);
       const fs = this.#changes(dir);
       await fs.mkdir(dir, { recursive: true, mode: 0o700 });
-      const record: ExecRecord = { execId, spec: process, ...io };
-      await writeJson(fs, join(dir, 'exec.json'), record);
-      task.execs.set(execId, new Proc(execId, dir, io, process));
+      const record: ExecRecord = { version: TASK_RECORD_VERSION, execId, spec: process, ...io };
+      await writeJson(fs, join(dir, EXEC_RECORD_FILE), record);
+      this.#crash('task-exec:after-record');
+      task.execs.set(execId, new Proc(execId, dir, io, process, `process ${execId}`, 'created'));
       this.#opts.events.execAdded(ns, id, execId);
     });
   }
 
   state(ns: string, id: string, execId: string): ProcessState {
     const { task, proc } = this.#proc(ns, id, execId);
-    const status = task.paused && proc.status === Status.RUNNING ? Status.PAUSED : proc.status;
+    const status = protocolStatus(proc.state, task.init.state);
     return { id: execId || id, execId, bundle: task.record.bundle, pid: proc.pid, status, exit: proc.exit, ...proc.io };
   }
 
@@ -606,9 +699,10 @@ export class TaskTable {
       throw new TsboxError('InvalidArgument', `signal ${signalNumber} is not a signal number`);
     }
     const { task, proc } = this.#proc(ns, id, execId);
-    if (proc.exit !== undefined) throw new TsboxError('NotFound', `process ${execId || id} has already finished`);
+    // Exited: NotFound; an exec never started: FailedPrecondition.
+    proc.check('kill');
     // Every process of the container, or a frozen one: runc's work (its cgroup, thawing).
-    if (execId === '' && (all || task.paused)) {
+    if (execId === '' && (all || task.init.state === 'paused')) {
       await runc(this.#runc(task.record), ['kill', ...(all ? ['--all'] : []), id, String(signalNumber)], { signal });
       return;
     }
@@ -624,12 +718,14 @@ export class TaskTable {
   delete(ns: string, id: string, execId: string, signal: CallSignal): Promise<{ pid: number; exit: ExitInfo }> {
     return this.#queue.run(this.#key(ns, id), async () => {
       const { task, proc } = this.#proc(ns, id, execId);
-      if (proc.status === Status.RUNNING) throw new TsboxError('FailedPrecondition', `cannot delete process ${execId || id}: it is running`);
+      // A running (or paused) process is FailedPrecondition.
+      proc.check('delete');
       if (execId !== '') {
         const exit = proc.exit ?? { status: 0, exitedAt: systemClock(), reason: 'never started' };
         await this.#changes(proc.dir).rm(proc.dir, { recursive: true, force: true });
         // A Wait on an exec deleted before it ran ends with it.
         proc.settle(exit);
+        proc.on('delete');
         task.execs.delete(execId);
         return { pid: proc.pid, exit };
       }
@@ -651,19 +747,26 @@ export class TaskTable {
           if (!isTsboxError(err, 'NotFound')) throw err;
         });
       }
+      this.#crash('task-delete:after-runc-delete');
       const t1 = performance.now();
       const exit = proc.exit ?? (await this.#settledWithin(proc, 10_000)) ?? { status: 255, exitedAt: systemClock(), reason: 'deleted before it exited' };
       // Cleaned up before the task is forgotten: a Delete that fails here leaves the task, and
       // containerd's next Delete does it again.
       const { detached } = await this.#opts.rootfs.unmount(join(task.record.bundle, 'rootfs'), signal);
       if (detached.length > 0) this.#log.warn({ id, detached }, 'the rootfs was still busy at delete: detached lazily, it goes when its last user does');
+      this.#crash('task-delete:after-unmount');
       const t2 = performance.now();
       await this.#changes(task.dir).rm(task.dir, { recursive: true, force: true });
+      for (const dir of this.#unreadable.keys()) if (dir.startsWith(`${task.dir}/`)) this.#unreadable.delete(dir);
+      this.#crash('task-delete:after-record-remove');
       const ms = (x: number): number => Math.round(x * 10) / 10;
       this.#log.debug({ id, runcDelete: !done, deleteMs: ms(t1 - t0), unmountMs: ms(t2 - t1) }, 'task deleted');
-      task.deleted = true;
+      proc.on('delete');
       this.#tasks.delete(this.#key(ns, id));
-      for (const exec of task.execs.values()) exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
+      for (const exec of task.execs.values()) {
+        exec.settle(exec.exit ?? { status: 255, exitedAt: systemClock(), reason: 'its task was deleted' });
+        if (hasEnded(exec.state)) exec.on('delete');
+      }
       this.#opts.events.deleted(ns, id, proc.pid, exit);
       return { pid: proc.pid, exit };
     });
@@ -681,7 +784,7 @@ export class TaskTable {
 
   async resize(ns: string, id: string, execId: string, width: number, height: number, signal: CallSignal): Promise<void> {
     const { proc } = this.#proc(ns, id, execId);
-    if (proc.holder === undefined || proc.exit !== undefined) return;
+    if (proc.holder === undefined || hasEnded(proc.state)) return;
     await proc.holder.resize(width, height, signal).catch((err: unknown) => {
       if (!isTsboxError(err, 'NotFound')) throw err; // exited meanwhile: nothing to resize
     });
@@ -689,7 +792,7 @@ export class TaskTable {
 
   async closeIO(ns: string, id: string, execId: string, signal: CallSignal): Promise<void> {
     const { proc } = this.#proc(ns, id, execId);
-    if (proc.holder === undefined || proc.exit !== undefined) return;
+    if (proc.holder === undefined || hasEnded(proc.state)) return;
     await proc.holder.closeIO(signal).catch((err: unknown) => {
       if (!isTsboxError(err, 'NotFound')) throw err; // exited meanwhile: its stdin is closed
     });
@@ -702,7 +805,7 @@ export class TaskTable {
    */
   async pids(ns: string, id: string, signal: CallSignal): Promise<{ pid: number; execId: string }[]> {
     const task = this.#get(ns, id);
-    if (task.init.exit !== undefined) return [{ pid: task.init.pid, execId: '' }];
+    if (hasEnded(task.init.state)) return [{ pid: task.init.pid, execId: '' }];
     const out = await runc(this.#runc(task.record), ['ps', '--format', 'json', id], { signal });
     let pids: unknown;
     try {
@@ -711,7 +814,7 @@ export class TaskTable {
       throw new TsboxError('Internal', `runc ps answered what is not JSON: ${out.slice(0, 80)}`, { cause: err });
     }
     const execOf = new Map<number, string>();
-    for (const exec of task.execs.values()) if (exec.pid > 0 && exec.exit === undefined) execOf.set(exec.pid, exec.execId);
+    for (const exec of task.execs.values()) if (exec.pid > 0 && !hasEnded(exec.state)) execOf.set(exec.pid, exec.execId);
     return (Array.isArray(pids) ? pids : []).filter((p): p is number => Number.isInteger(p)).map((pid) => ({ pid, execId: execOf.get(pid) ?? '' }));
   }
 
@@ -725,7 +828,7 @@ export class TaskTable {
   /** Update: new resources (an OCI LinuxResources in JSON) through runc update. */
   async update(ns: string, id: string, resources: AnyValue | undefined, signal: CallSignal): Promise<void> {
     const task = this.#get(ns, id);
-    if (task.init.exit !== undefined) throw new TsboxError('NotFound', `task ${id} has exited`);
+    if (hasEnded(task.init.state)) throw new TsboxError('NotFound', `task ${id} has exited`);
     const json = Buffer.from(resources?.value ?? []).toString('utf8');
     try {
       JSON.parse(json);
@@ -742,7 +845,7 @@ export class TaskTable {
    * is logged and its task left.
    */
   #sandboxTasks(ns: string, sandboxId: string): Task[] {
-    return [...this.#tasks.values()].filter((t) => !t.deleted && t.record.namespace === ns && t.record.sandboxId === sandboxId && sandboxId !== '');
+    return [...this.#tasks.values()].filter((t) => t.init.state !== 'deleted' && t.record.namespace === ns && t.record.sandboxId === sandboxId && sandboxId !== '');
   }
 
   /**
@@ -752,9 +855,9 @@ export class TaskTable {
   async #killTask(task: Task, signal: CallSignal): Promise<boolean> {
     const { namespace: ns, id } = task.record;
     for (const exec of task.execs.values()) {
-      if (exec.pid > 0 && exec.exit === undefined) await this.kill(ns, id, exec.execId, 9, false, signal).catch(ignoreError('it ended meanwhile'));
+      if (exec.pid > 0 && !hasEnded(exec.state)) await this.kill(ns, id, exec.execId, 9, false, signal).catch(ignoreError('it ended meanwhile'));
     }
-    if (task.init.exit !== undefined) return true;
+    if (hasEnded(task.init.state)) return true;
     await runc(this.#runc(task.record), ['kill', '--all', id, '9'], { signal }).catch((err: unknown) => {
       if (!isTsboxError(err, 'NotFound')) throw err;
     });
@@ -799,9 +902,12 @@ export class TaskTable {
   pause(ns: string, id: string, resume: boolean, signal: CallSignal): Promise<void> {
     return this.#queue.run(this.#key(ns, id), async () => {
       const task = this.#get(ns, id);
-      if (task.init.status !== Status.RUNNING) throw new TsboxError('FailedPrecondition', `task ${id} is not running`);
-      await runc(this.#runc(task.record), [resume ? 'resume' : 'pause', id], { signal });
-      task.paused = !resume;
+      // Not running: FailedPrecondition. A pause of a paused container and a resume of one
+      // that is not paused are runc's to answer, as they always were.
+      const event = resume ? 'resume' : 'pause';
+      task.init.check(event);
+      await runc(this.#runc(task.record), [event, id], { signal });
+      task.init.on(event);
     });
   }
 
@@ -831,16 +937,32 @@ export class TaskTable {
     if (this.#tasks.size > 0) this.#log.info({ tasks: this.#tasks.size }, 'tasks recovered');
   }
 
+  /**
+   * A record that cannot be read (not JSON, not of its schema, of a newer version, in another
+   * task's directory) is left where it is, with its directory and whatever runs from it: an
+   * error line names the file and the reason. Its task or exec is not served (containerd's
+   * calls about it are NotFound); the other tasks are.
+   */
+  #leaveUnreadable(dir: string, file: string, reason: string, what: 'task' | 'exec'): void {
+    this.#unreadable.set(dir, reason);
+    this.#log.error({ file, reason }, `${what} record cannot be read: ${what === 'task' ? 'the task' : 'the process'} is not served; its record, its directory and its processes are left as they are`);
+  }
+
   /** `runcRoot`: the root of the directory the task was found in, for a record that names none. */
   async #recoverTask(dir: string, runcRoot: string): Promise<void> {
-    const text = await readIfPresentNow(join(dir, 'task.json'));
+    const file = join(dir, TASK_RECORD_FILE);
+    const text = await readIfPresentNow(file);
     if (text === undefined) {
       // A Create that did not finish: nothing was answered, nothing to keep.
       await this.#changes(dir).rm(dir, { recursive: true, force: true });
       return;
     }
-    const read = JSON.parse(text) as Omit<TaskRecord, 'runcRoot'> & { readonly runcRoot?: string };
-    const record: TaskRecord = { ...read, runcRoot: read.runcRoot ?? join(runcRoot, read.namespace) };
+    const read = readTaskRecord(text, basename(dir));
+    if (!read.ok) {
+      this.#leaveUnreadable(dir, file, read.reason, 'task');
+      return;
+    }
+    const record: TaskRecord = { ...read.record, runcRoot: read.record.runcRoot ?? join(runcRoot, read.record.namespace) };
     const known = this.#tasks.get(this.#key(record.namespace, record.id));
     if (known !== undefined) {
       // The same id in both places (a record of the former place left after a failure, and the
@@ -848,10 +970,11 @@ export class TaskTable {
       this.#log.error({ id: record.id, ns: record.namespace, dir, served: known.dir }, 'a task recorded twice: this record is left as it is');
       return;
     }
-    const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined));
+    // Creating until its holder is found: a Create that never answered otherwise.
+    const task = new Task(record, dir, new Proc('', join(dir, 'init'), record, undefined, `process ${record.id}`, 'creating'));
     task.cgroup = (await readIfPresentNow(join(dir, 'cgroup'))) || undefined;
     await this.#recoverProc(task, task.init);
-    if (task.init.holder === undefined && task.init.exit === undefined) {
+    if (task.init.state === 'creating') {
       // A Create that never answered: undo what it did; containerd asks again or gives up.
       this.#log.warn({ id: record.id, ns: record.namespace }, 'undoing a task create that did not finish');
       await runc(this.#runc(record), ['delete', '--force', record.id]).catch((err: unknown) => {
@@ -859,22 +982,35 @@ export class TaskTable {
       });
       await this.#opts.rootfs.unmount(join(record.bundle, 'rootfs'));
       await this.#changes(dir).rm(dir, { recursive: true, force: true });
+      task.init.on('create-failed');
       return;
     }
-    if (task.cgroup === undefined && task.init.holder !== undefined && task.init.exit === undefined) task.cgroup = await this.#locate(task.init.pid);
-    if (task.init.holder !== undefined && task.init.exit === undefined) void this.#watchOom(task);
+    const live = task.init.holder !== undefined && !hasEnded(task.init.state);
+    if (task.cgroup === undefined && live) task.cgroup = await this.#locate(task.init.pid);
+    if (live) void this.#watchOom(task);
     for (const name of await readdir(dir)) {
       if (!name.startsWith('e-')) continue;
-      const execText = await readIfPresentNow(join(dir, name, 'exec.json'));
+      const execFile = join(dir, name, EXEC_RECORD_FILE);
+      const execText = await readIfPresentNow(execFile);
       if (execText === undefined) continue;
-      const exec = JSON.parse(execText) as ExecRecord;
-      const proc = new Proc(exec.execId, join(dir, name), exec, exec.spec);
+      const exec = readExecRecord(execText, name);
+      if (!exec.ok) {
+        this.#leaveUnreadable(join(dir, name), execFile, exec.reason, 'exec');
+        continue;
+      }
+      const { execId, spec, stdin, stdout, stderr, terminal } = exec.record;
+      const proc = new Proc(execId, join(dir, name), { stdin, stdout, stderr, terminal }, spec, `process ${execId}`, 'created');
       await this.#recoverProc(task, proc);
-      task.execs.set(exec.execId, proc);
+      task.execs.set(execId, proc);
     }
     this.#tasks.set(this.#key(record.namespace, record.id), task);
   }
 
+  /**
+   * A process's state from its holder's files: none, or a holder still at work (ended now),
+   * leaves it as it was made (an init creating, an exec created); an exit file, or a holder
+   * that runs, makes it started (an init runc still calls created or paused is that).
+   */
   async #recoverProc(task: Task, proc: Proc): Promise<void> {
     const found = await findContainerHolder(proc.dir);
     if (found.kind === 'absent') return;
@@ -888,7 +1024,7 @@ export class TaskTable {
       return;
     }
     if (found.kind === 'exited') {
-      proc.started = true;
+      proc.recovered('running');
       // Exited while tsbox was away: containerd may not have heard (nor of an OOM kill).
       if (await exists(join(proc.dir, EXIT_REPORTED))) proc.settle(found.exit);
       else await this.#reportExit(task, proc, found.exit);
@@ -896,12 +1032,11 @@ export class TaskTable {
     }
     proc.holder = found.holder;
     if (proc.execId !== '') {
-      proc.started = true;
+      proc.recovered('running');
     } else {
       // A running init has been started unless runc still says created.
       const status = await this.#runcStatus(task);
-      proc.started = status !== 'created';
-      task.paused = status === 'paused';
+      proc.recovered(status === 'created' ? 'created' : status === 'paused' ? 'paused' : 'running');
     }
     this.#watch(task, proc);
   }

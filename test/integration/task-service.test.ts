@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import pino from 'pino';
+import pino, { type Logger } from 'pino';
 import { GRPC_CODES } from '../../src/base/errors.js';
 import { TaskService } from '../../src/gen/containerd/task/v3/shim.js';
 import { Status } from '../../src/gen/containerd/v1/types/task.js';
@@ -18,10 +18,12 @@ import { Options as RuncOptions } from '../../src/gen/containerd/runc/v1/options
 import { mountRootfs, unmountRootfs } from '../../src/tasks/rootfs.js';
 import { registerTaskService } from '../../src/tasks/task-service.js';
 import { TaskTable, type TaskEvents } from '../../src/tasks/tasks.js';
+import { execDirName, taskDirName } from '../../src/tasks/task-record.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
 import { repoRoot } from '../support/containerd-clients.js';
 import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
+import { formerExecJson, formerTaskJson } from '../support/task-records.js';
 import { makeTempDir, processAlive, removeTree, unmountBelow, waitFor } from '../support/processes.js';
 
 const holderPath = path.join(repoRoot, 'dist', 'bin', 'tsbox-ctr');
@@ -67,11 +69,11 @@ interface Places {
   readonly former?: { readonly tasks: string; readonly runc: string };
 }
 
-async function serve(name: string, runcPath = 'runc', places: Places = { tasks: 'tasks', runc: 'runc' }): Promise<Served> {
+async function serve(name: string, runcPath = 'runc', places: Places = { tasks: 'tasks', runc: 'runc' }, logger: Logger = pino({ level: 'silent' })): Promise<Served> {
   const events = recordingEvents();
   const { former } = places;
   const table = new TaskTable({
-    logger: pino({ level: 'silent' }),
+    logger,
     dir: path.join(scratch, places.tasks),
     runcRoot: path.join(scratch, places.runc),
     ...(former === undefined ? {} : { formerDirs: { dir: path.join(scratch, former.tasks), runcRoot: path.join(scratch, former.runc) } }),
@@ -368,6 +370,98 @@ describe('Task API v3 served by tsbox (ttrpc, runc, holders)', () => {
     assert.deepEqual(readdirSync(path.join(scratch, old.tasks)), [], 'no record left in the old place');
     assert.deepEqual(readdirSync(path.join(scratch, 'run/tasks')), [], 'nor in the new');
     assert.equal(mountedBelow(made.bundle), false);
+  });
+
+  test('records of the build before the version (no version field) are served after an upgrade; a record that cannot be read (not JSON, a newer version, not its schema) is left as it is, with an error line naming the file and why, and the other tasks are served', async () => {
+    const meta = { metadata: META };
+    const first = await serve('v1');
+    const processSpec = (args: string[]) => ({ typeUrl: 'types.containerd.io/opencontainers/runtime-spec/1/Process', value: Buffer.from(JSON.stringify({ args, env: ['PATH=/bin'], cwd: '/', user: { uid: 0, gid: 0 } })) });
+    const execReq = (execId: string) => ({ id: 'c30', execId, terminal: false, stdin: '', stdout: '', stderr: '', spec: processSpec(['sleep', '1000']) });
+    const pids = new Map<string, number>();
+    const requests = new Map(['c30', 'c31', 'c32', 'c33'].map((id) => [id, createRequest(id, ['sleep', '1000'])]));
+    for (const [id, req] of requests) {
+      pids.set(id, (await first.client.request(TaskService.create, req, meta)).pid);
+      await first.client.request(TaskService.start, { id, execId: '' }, meta);
+    }
+    await first.client.request(TaskService.exec, execReq('e1'), meta);
+    const execPid = (await first.client.request(TaskService.start, { id: 'c30', execId: 'e1' }, meta)).pid;
+    await first.client.request(TaskService.exec, execReq('e2'), meta);
+    first.client.close();
+    first.table.close();
+    await first.server.close(0);
+
+    const taskFile = (id: string): string => path.join(scratch, 'tasks', taskDirName(NS, id), 'task.json');
+    const execFile = (execId: string): string => path.join(scratch, 'tasks', taskDirName(NS, 'c30'), execDirName(execId), 'exec.json');
+    // c30 and its exec e1 as the build before the version wrote them.
+    const { version, ...taskFields } = JSON.parse(readFileSync(taskFile('c30'), 'utf8')) as { version?: number } & Parameters<typeof formerTaskJson>[0];
+    assert.equal(version, 1, 'this build writes the version of its records');
+    writeFileSync(taskFile('c30'), formerTaskJson(taskFields));
+    assert.equal(readFileSync(taskFile('c30'), 'utf8'), JSON.stringify(taskFields), "the earlier build's format: its record as JSON.stringify wrote it");
+    const { version: execVersion, ...execFields } = JSON.parse(readFileSync(execFile('e1'), 'utf8')) as { version?: number } & Parameters<typeof formerExecJson>[0];
+    assert.equal(execVersion, 1);
+    writeFileSync(execFile('e1'), formerExecJson(execFields));
+    // Records that cannot be read.
+    const kept = new Map(['c31', 'c32', 'c33'].map((id) => [id, readFileSync(taskFile(id), 'utf8')]));
+    const unreadable = new Map<string, { text: string; reason: RegExp }>([
+      [taskFile('c31'), { text: 'not json{', reason: /not JSON/ }],
+      [taskFile('c32'), { text: JSON.stringify({ ...(JSON.parse(kept.get('c32') ?? '') as object), version: 2 }), reason: /version 2 is newer than this build reads/ }],
+      [taskFile('c33'), { text: JSON.stringify({ ...(JSON.parse(kept.get('c33') ?? '') as object), bundle: undefined }), reason: /bundle/ }],
+      [execFile('e2'), { text: '{"execId":"e2","spec":', reason: /not JSON/ }],
+    ]);
+    for (const [file, { text }] of unreadable) writeFileSync(file, text);
+
+    const lines: { level: number; msg: string; file?: string; reason?: string }[] = [];
+    const second = await serve('v2', 'runc', undefined, pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as (typeof lines)[number]) }));
+    open.push(second);
+    for (const [file, { text, reason }] of unreadable) {
+      const line = lines.find((l) => l.file === file);
+      assert.ok(line !== undefined, `an error line names ${file}: ${JSON.stringify(lines.filter((l) => l.level >= 50))}`);
+      assert.equal(line.level, 50, 'at error level');
+      assert.match(line.reason ?? '', reason, `and says why: ${line.reason ?? ''}`);
+      assert.match(line.msg, /cannot be read.*not served.*left as/);
+      assert.equal(readFileSync(file, 'utf8'), text, 'the record is left as it was');
+    }
+    // The record of the earlier build is served: the same processes, its exec too.
+    const state = await second.client.request(TaskService.state, { id: 'c30', execId: '' }, meta);
+    assert.equal(state.status, Status.RUNNING);
+    assert.equal(state.pid, pids.get('c30'));
+    assert.equal((await second.client.request(TaskService.state, { id: 'c30', execId: 'e1' }, meta)).pid, execPid);
+    assert.equal(await codeOf(second.client.request(TaskService.state, { id: 'c30', execId: 'e2' }, meta)), GRPC_CODES.NotFound, 'an exec whose record cannot be read is not served');
+    assert.equal(await codeOf(second.client.request(TaskService.exec, execReq('e2'), meta)), GRPC_CODES.FailedPrecondition, 'nor made anew over its record');
+    for (const id of ['c31', 'c32', 'c33']) {
+      assert.equal(await codeOf(second.client.request(TaskService.state, { id, execId: '' }, meta)), GRPC_CODES.NotFound, `${id}: not served`);
+      assert.ok(processAlive(pids.get(id) ?? 0), `${id}: its container runs on, left as it is`);
+    }
+    assert.equal(await codeOf(second.client.request(TaskService.create, requests.get('c31') ?? assert.fail(), meta)), GRPC_CODES.FailedPrecondition, 'a Create of its id does not make it anew over its record');
+    assert.equal(readFileSync(taskFile('c31'), 'utf8'), 'not json{');
+    // c30 goes on as any task: its exec and its init end with their own status, and it is deleted.
+    const execWait = second.client.request(TaskService.wait, { id: 'c30', execId: 'e1' }, meta);
+    await second.client.request(TaskService.kill, { id: 'c30', execId: 'e1', signal: 9, all: false }, meta);
+    assert.equal((await execWait).exitStatus, 137);
+    await second.client.request(TaskService.delete, { id: 'c30', execId: 'e1' }, meta);
+    const initWait = second.client.request(TaskService.wait, { id: 'c30', execId: '' }, meta);
+    await second.client.request(TaskService.kill, { id: 'c30', execId: '', signal: 9, all: true }, meta);
+    assert.equal((await initWait).exitStatus, 137);
+    assert.equal((await second.client.request(TaskService.delete, { id: 'c30', execId: '' }, meta)).exitStatus, 137);
+    assert.equal(existsSync(path.dirname(taskFile('c30'))), false, 'its directory is gone, the unreadable exec record with it');
+    second.client.close();
+    second.table.close();
+    await second.server.close(0);
+    open.pop();
+
+    // The records readable again (the build that reads them): served, and deleted.
+    for (const [id, text] of kept) writeFileSync(taskFile(id), text);
+    const third = await serve('v3');
+    open.push(third);
+    for (const id of kept.keys()) {
+      assert.equal((await third.client.request(TaskService.state, { id, execId: '' }, meta)).pid, pids.get(id), `${id} served again`);
+      const wait = third.client.request(TaskService.wait, { id, execId: '' }, meta);
+      await third.client.request(TaskService.kill, { id, execId: '', signal: 9, all: true }, meta);
+      assert.equal((await wait).exitStatus, 137);
+      await third.client.request(TaskService.delete, { id, execId: '' }, meta);
+    }
+    assert.deepEqual(runcList(), []);
+    assert.deepEqual(readdirSync(path.join(scratch, 'tasks')), [], 'no record left');
   });
 
   test('tsbox stopped while a holder still makes a container: the next table ends that holder and undoes the create; the create made again works', async () => {
