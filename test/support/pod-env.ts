@@ -24,6 +24,8 @@ import {
 import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
 import { stateLayout } from '../../src/state/layout.js';
+import { formerTaskDirs, taskDirs } from '../../src/tasks/serve.js';
+import { taskDirName } from '../../src/tasks/task-record.js';
 import { BUSYBOX_IMAGE, importTestImages } from './images.js';
 import {
   type SandboxerCommand,
@@ -292,13 +294,20 @@ export async function untilCriAnswers<T>(call: () => Promise<T>): Promise<T> {
 }
 
 /**
- * Everything of pod `id` (and its containers `containerIds`) still on the host, found
- * without asking tsbox or containerd: processes whose command line, cgroup or mount namespace
- * names the pod or a container (runc shims serving it included), mount points, cgroup
- * directories, and the pod's directories in tsbox's and containerd's state.
+ * What tsbox's Task API route keeps of containers `ids`, in either place it keeps them (below
+ * containerd's state dir, or an earlier build's state dir): each task's directory (its records
+ * and holders' files) and runc's state of each container.
  */
-export function podLeftovers(env: PodEnv, id: string, containerIds: readonly string[]): PodLeftovers {
-  const names = [id, ...containerIds];
+function taskFilesOf(env: PodEnv, ids: readonly string[], namespace = 'k8s.io'): string[] {
+  const former = formerTaskDirs(env.tsbox.stateDir);
+  const places = [taskDirs(env.containerd.paths.state), { tasks: former.dir, runcRoot: former.runcRoot }];
+  return places
+    .flatMap(({ tasks, runcRoot }) => ids.flatMap((c) => [path.join(tasks, taskDirName(namespace, c)), path.join(runcRoot, namespace, c)]))
+    .filter((p) => existsSync(p));
+}
+
+/** Processes whose command line or cgroup names one of `names` (zombies aside), mount points and cgroup directories naming one. */
+function leftoversNamed(names: readonly string[]): Omit<PodLeftovers, 'files'> {
   const processes: string[] = [];
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
@@ -315,15 +324,27 @@ export function podLeftovers(env: PodEnv, id: string, containerIds: readonly str
     if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')) continue;
     if (names.some((n) => cmdline.includes(n) || cgroup.includes(n))) processes.push(`${entry}: ${cmdline.slice(0, 160)}`);
   }
-  const socket = podShimSocket(env, id);
-  for (const shim of runcShimsOf(env)) {
-    if (shim.sockets.includes(socket)) processes.push(`${shim.pid}: runc shim serving the pod on ${socket}`);
-  }
   const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
     .split('\n')
     .map((line) => line.split(' ')[4] ?? '')
     .filter((point) => names.some((n) => point.includes(n)));
   const cgroups = cgroupMounts().flatMap((root) => names.flatMap((n) => findNamed(root, n, 6)));
+  return { processes, mounts, cgroups: [...new Set(cgroups)] };
+}
+
+/**
+ * Everything of pod `id` (and its containers `containerIds`) still on the host, found
+ * without asking tsbox or containerd: processes whose command line, cgroup or mount namespace
+ * names the pod or a container (runc shims serving it included), mount points, cgroup
+ * directories, and the pod's directories in tsbox's and containerd's state, with what tsbox
+ * keeps of its containers (task records, holders' files, runc's state).
+ */
+export function podLeftovers(env: PodEnv, id: string, containerIds: readonly string[]): PodLeftovers {
+  const { processes, mounts, cgroups } = leftoversNamed([id, ...containerIds]);
+  const socket = podShimSocket(env, id);
+  for (const shim of runcShimsOf(env)) {
+    if (shim.sockets.includes(socket)) processes.push(`${shim.pid}: runc shim serving the pod on ${socket}`);
+  }
   const files = [
     socket,
     env.criRootDir(id),
@@ -332,7 +353,16 @@ export function podLeftovers(env: PodEnv, id: string, containerIds: readonly str
     // The pod's task socket and link, which its process binds on the Task API route.
     ...Object.values(stateLayout(env.tsbox.stateDir).podSockets('k8s.io', id)),
   ].filter((p) => existsSync(p));
-  return { processes: [...new Set(processes)], mounts, cgroups: [...new Set(cgroups)], files };
+  return { processes: [...new Set(processes)], mounts, cgroups, files: [...files, ...taskFilesOf(env, containerIds)] };
+}
+
+/**
+ * What is left on the host of containers `ids` of a pod on the Task API route, while their pod
+ * runs on: processes (holders, the containers' own), mounts (their rootfs), cgroups, and what
+ * tsbox keeps of them (task records, holders' files, runc's state).
+ */
+export function containerLeftovers(env: PodEnv, ids: readonly string[]): PodLeftovers {
+  return { ...leftoversNamed(ids), files: taskFilesOf(env, ids) };
 }
 
 /**
