@@ -10,6 +10,8 @@ import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { stateLayout } from '../../src/state/layout.js';
+import { taskDirs } from '../../src/tasks/serve.js';
+import { taskDirName } from '../../src/tasks/task-record.js';
 import { NODE_WIDE_FRONT_BUILD, formerBuild } from '../support/former-build.js';
 import { createSandboxClients } from '../support/containerd-clients.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
@@ -77,6 +79,13 @@ describe('upgrading tsbox with pods running', { timeout: 600_000 }, () => {
       assert.equal(await address(old), `ttrpc+unix://${path.join(path.dirname(env.tsbox.socketPath), 'task.sock')}`, 'the node-wide task socket');
       const frontPid = Number(readFileSync(path.join(env.tsbox.stateDir, 'task-front.pid'), 'utf8').trim());
       assert.ok(existsSync(`/proc/${frontPid}`), "the earlier build's node-wide task front runs");
+
+      // The earlier build's task records have no version: this build reads them as version 1.
+      for (const c of [keeps, exits]) {
+        const record = JSON.parse(readFileSync(path.join(taskDirs(env.containerd.paths.state).tasks, taskDirName(CRI_NS, c), 'task.json'), 'utf8')) as Record<string, unknown>;
+        assert.equal(record['id'], c);
+        assert.equal('version' in record, false, "the earlier build's task record has no version");
+      }
 
       // The upgrade: the earlier tsbox stops (SIGTERM), this build starts on the same state.
       await env.tsbox.stop();
