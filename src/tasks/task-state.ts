@@ -149,18 +149,13 @@ const EXEC: Table = {
   delete: { created: 'deleted', starting: STARTING, running: RUNNING_NO_DELETE, exited: 'deleted', 'ended-unstarted': 'deleted', deleted: GONE },
 };
 
-/** The next state, or the refusal, of `event` in `state` (undefined: an event that cannot come there). */
-export function outcome(kind: ProcessKind, state: ProcessState, event: ProcessEvent): ProcessState | { readonly kind: ErrorKind; readonly says: string } | undefined {
-  return (kind === 'init' ? INIT : EXEC)[event][state];
-}
-
 /**
  * The one transition function: the state after `event`, or the TsboxError of the refusal,
  * whose message begins with `name` (e.g. "process c1"). An event that cannot come in that
  * state is Internal: a fault of tsbox's, never of the caller's.
  */
 export function transition(kind: ProcessKind, state: ProcessState, event: ProcessEvent, name: string): ProcessState {
-  const next = outcome(kind, state, event);
+  const next = (kind === 'init' ? INIT : EXEC)[event][state];
   if (next === undefined) throw new TsboxError('Internal', `${name}: ${event} cannot happen to ${kind === 'init' ? 'an init' : 'an exec'} that is ${state}`);
   if (typeof next === 'string') return next;
   throw new TsboxError(next.kind, `${name} ${next.says}`);

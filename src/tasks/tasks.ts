@@ -220,11 +220,11 @@ class Proc {
     return transition(this.kind, this.#state, event, this.name);
   }
 
-  /** The exit is known: recorded once, the state moved on, Waits answered. */
+  /** The exit is known: recorded once, the state moved on (an ended one stays as it is), Waits answered. */
   settle(exit: ExitInfo): void {
     if (this.exit !== undefined) return;
     this.exit = exit;
-    this.on('exit');
+    if (!hasEnded(this.#state)) this.on('exit');
     this.#resolve(exit);
   }
 }
