@@ -368,7 +368,9 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
           (r) => `answered: exit ${r.exit_code}`,
           (err: { code?: number; message?: string }) => `failed: ${err.code} ${err.message}`,
         );
-        assert.match(held, /^failed: 4 /, 'the call waits for the stopped process until its deadline (DEADLINE_EXCEEDED)');
+        // Ended by its deadline: DEADLINE_EXCEEDED, or CANCELLED when containerd's end of the
+        // call sees its context end first.
+        assert.match(held, /^failed: (4|1) /, 'the call waits for the stopped process until its deadline');
         // The other pod is served meanwhile, and tsbox answers for the stopped pod's sandbox.
         assert.equal((await exec(b1, ['/bin/sh', '-c', 'exit 3'])).code, 3);
         assert.equal((await env.cri.call('PodSandboxStatus', { pod_sandbox_id: a })).status?.state, 'SANDBOX_READY');
