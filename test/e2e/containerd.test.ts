@@ -23,6 +23,7 @@ import {
   startSandboxerDaemon,
   waitFor,
 } from '../support/tsbox-daemon.js';
+import { within } from '../support/processes.js';
 
 const sandboxerName = 'tsbox';
 const runtimeName = 'io.containerd.tsbox.v1';
@@ -206,7 +207,7 @@ describe('sandboxer behind a real containerd', () => {
         assert.equal(settled, 0, 'Wait returned before the sandbox was stopped');
 
         await c.controller.call('Stop', { ...ref, timeout_secs: 0 });
-        const results = await withDeadline(Promise.all(waits), 30_000, 'held Waits to return after Stop');
+        const results = await within(Promise.all(waits), 30_000, 'held Waits to return after Stop');
         for (const r of results) {
           assert.equal(r.exit_status, spec.stopExitStatus);
           assert.ok(timestampMs(r.exited_at) !== undefined, 'exited_at set');
@@ -300,15 +301,3 @@ describe('sandboxer behind a real containerd', () => {
     }));
 });
 
-/** Rejects if `p` has not settled within `ms` (a bound, so a hung Wait fails the test). */
-async function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
-  });
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}

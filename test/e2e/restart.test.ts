@@ -27,6 +27,7 @@ import { type Containerd, containerdUnavailableReason, startContainerd, waitForC
 import { cgroupDirsOfNamespace, existingCgroupDirs, killSandboxLeftovers } from '../support/host.js';
 import { KILLED, OCI_SPEC_TYPE, exitOnTrigger, logRecords } from '../support/crash-invariants.js';
 import { type SandboxerDaemon, processAlive, startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
+import { within } from '../support/processes.js';
 
 const sandboxerName = 'tsbox';
 const runtimeName = 'io.containerd.tsbox.v1';
@@ -373,15 +374,3 @@ function podPid(info: Record<string, string>): number | undefined {
   return undefined;
 }
 
-/** Rejects if `p` has not settled within `ms`: a hung Wait fails the test, never hangs it. */
-async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
-  });
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}

@@ -24,6 +24,7 @@ import type { CriContainerConfig, PodSandboxConfig } from '../support/containerd
 import { BUSYBOX_IMAGE } from '../support/images.js';
 import { type PodEnv, TSBOX_TASK_HANDLER, containerLeftovers, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
 import { processAlive, waitFor } from '../support/tsbox-daemon.js';
+import { within } from '../support/processes.js';
 
 const CRI_NS = 'k8s.io';
 
@@ -50,17 +51,6 @@ function phaseOf(point: TaskCrashPoint): 'start' | 'exec' | 'stop' {
 
 type Outcome<T> = { readonly ok: true; readonly value: T } | { readonly ok: false; readonly err: unknown };
 
-async function within<T>(p: Promise<T>, limitMs: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${limitMs} ms waiting for ${what}`)), limitMs);
-  });
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 const messageOf = (err: unknown): string => (err instanceof Error ? err.message : String(err));
 

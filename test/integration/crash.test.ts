@@ -37,6 +37,7 @@ import {
 import { ignoreError } from '../../src/base/errors.js';
 import { GrpcStatus, expectCode } from '../support/grpc-client.js';
 import { type TsboxClient, type TsboxDaemon, createTsbox, processAlive, waitFor } from '../support/tsbox-daemon.js';
+import { within } from '../support/processes.js';
 
 /** Every daemon a test made, torn down in `after` whatever happened. */
 const daemons: TsboxDaemon[] = [];
@@ -66,18 +67,6 @@ async function withLog(d: TsboxDaemon | undefined, body: () => Promise<void>): P
   }
 }
 
-/** Rejects if `p` has not settled within `limitMs`: a hung call fails the test, never hangs it. */
-async function within<T>(p: Promise<T>, limitMs: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${limitMs} ms waiting for ${what}`)), limitMs);
-  });
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 /** Starts a sandbox and remembers its pid for the teardown. */
 async function createAndStart(

@@ -35,7 +35,7 @@ import { repoRoot } from '../support/containerd-clients.js';
 import { cmdlineOf, listPids } from '../support/host.js';
 import { makeBundle, makeFifo, readFifo } from '../support/oci-bundle.js';
 import { startPod } from '../support/pod-relay.js';
-import { makeTempDir, removeTree, signalPid, tailFile, waitFor } from '../support/processes.js';
+import { makeTempDir, removeTree, signalPid, tailFile, waitFor, within } from '../support/processes.js';
 import { RawTtrpc, TEST_SERVICE, addTestMethods, requestFrame } from '../support/ttrpc-peer.js';
 
 const sanitized = path.join(repoRoot, 'dist', 'bin-sanitize');
@@ -98,17 +98,6 @@ async function run(program: string, args: readonly string[], input: string | Buf
   return { ...ended, stdout: p.stdout(), stderr: p.stderr() };
 }
 
-async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_resolve, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
-  });
-  try {
-    return await Promise.race([promise, late]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 /** The exit record in `dir`, parsed as tsbox parses it. */
 function exitRecord(dir: string): { status: number; seconds: number } {

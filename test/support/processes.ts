@@ -51,6 +51,19 @@ export async function waitFor<T>(
 // Processes
 
 /** How a process ended. */
+/** Rejects if `p` has not settled within `ms`: a call that hangs fails the test, never hangs it. */
+export async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+  });
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 export interface ExitInfo {
   code: number | null;
   signal: NodeJS.Signals | null;
