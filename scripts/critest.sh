@@ -122,6 +122,9 @@ check_route() { # route: runs the suite on tsbox pods of that route, reruns, com
   [ "$route" = shim ] || want='"handler":"tsbox","route":"task-api"'
   if ! grep -qF "$want" "$work/results/tsbox/tsbox.log"; then
     echo "critest: tsbox did not put handler tsbox on the $route route (no $want in $work/results/tsbox/tsbox.log)" >&2
+    # What the run said, here: the work dir may be on a node that is gone once it has stopped.
+    echo "--- the run's stderr ($work.err), its end ---" >&2
+    tail -n 40 "$work.err" >&2 || true
     return 1
   fi
   local reruns=() i=0 spec focus attempt name result
