@@ -17,13 +17,15 @@
  * and come and go once more: what tsbox holds after each time, against before.
  *
  *   node dist/bench/pods.js [--rounds 3] [--serial 8] [--concurrent 12] [--memory-pods 8] [--scale 100]
- *                           [--scale-handlers tsbox-task,runc] [--json out.json]
+ *                           [--scale-handlers tsbox-task,runc] [--json out.json] [--breakdown]
  *   node dist/bench/pods.js --sandbox-only [--tsbox-main OTHER/dist/src/main.js]
  *
  * As on a node, whose /run is a tmpfs: containerd's state dir (/run/containerd there) is on a
  * tmpfs of its own, with the runc shims' runc root below it (/run/containerd/runc there) and
  * tsbox's tasks; containerd's root and tsbox's records stay on disk. `--run-on-disk` keeps all
  * of it on disk (this machine's /run is not a tmpfs).
+ *
+ * `--breakdown` also prints, per handler, the PSS of each kind of process of a held pod.
  *
  * `--sandbox-only` runs pods without containers (RunPodSandbox, then StopPodSandbox and
  * RemovePodSandbox), which also an older tsbox build can do: that compares builds.
@@ -47,6 +49,7 @@ const { values } = parseArgs({
     'sandbox-only': { type: 'boolean', default: false },
     'tsbox-main': { type: 'string' },
     'run-on-disk': { type: 'boolean', default: false },
+    breakdown: { type: 'boolean', default: false },
   },
 });
 const RUN_ON_TMPFS = values['run-on-disk'] !== true;
@@ -173,6 +176,17 @@ function podProcesses(env: PodEnv, pod: Pod): number[] {
   return [...new Set([...pidsInCgroup(parent), ...supervisorOf(env, pod), ...shims, ...(pod.container === '' ? [] : holdersOf(pod.container))])];
 }
 
+/** What a process is, for --breakdown: its program's name and, for tsbox's own programs, its mode. */
+function processKind(pid: number): string {
+  try {
+    const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+    const program = path.basename(argv[0] ?? '?');
+    return program.startsWith('tsbox-') && argv[1] !== undefined && !argv[1].startsWith('-') ? `${program} ${argv[1]}` : program;
+  } catch {
+    return 'gone'; // ended meanwhile: its PSS read 0 too
+  }
+}
+
 async function settle(): Promise<void> {
   await new Promise((resolve) => setTimeout(resolve, 1500));
 }
@@ -198,10 +212,21 @@ async function measureMemory(env: PodEnv, handler: Handler): Promise<MemoryFigur
   await settle();
   let processes = 0;
   let podKiB = 0;
+  const byKind = new Map<string, { kib: number; count: number }>();
   for (const pod of pods) {
     const pids = podProcesses(env, pod);
     processes += pids.length;
-    for (const pid of pids) podKiB += pssKiB(pid);
+    for (const pid of pids) {
+      const kib = pssKiB(pid);
+      podKiB += kib;
+      const kind = processKind(pid);
+      const seen = byKind.get(kind) ?? { kib: 0, count: 0 };
+      byKind.set(kind, { kib: seen.kib + kib, count: seen.count + 1 });
+    }
+  }
+  if (values.breakdown === true) {
+    const lines = [...byKind].map(([kind, { kib, count }]) => `  ${kind}: ${(count / MEMORY_PODS).toFixed(1)} per pod, ${(kib / count).toFixed(0)} KiB PSS each`);
+    process.stdout.write(`${handler}, the pod's processes:\n${lines.join('\n')}\n`);
   }
   const after = { tsbox: pssKiB(tsboxPid), containerd: pssKiB(containerdPid) };
   for (const pod of pods) await removePod(env, pod);

@@ -93,6 +93,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "holder.h"
 #include "supervise.h"
 
 #define MAX_CLIENTS 32
@@ -905,7 +906,7 @@ static int serve(int sigfd, int kill_all, const char *notify) {
 
 /* ---- main ---------------------------------------------------------------------------- */
 
-int main(int argc, char **argv) {
+int holder_main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "exec") != 0)) {
     fprintf(stderr, "usage: tsbox-ctr create|exec --dir DIR --id ID --root R ... (see native/tsbox-ctr.c)\n");
     return 2;

@@ -138,6 +138,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "holder.h"
 #include "relay.h"
 #include "supervise.h"
 #include "tsbox-contract.h"
@@ -1057,6 +1058,8 @@ static int run_relay(pid_t sandbox) {
 /* ---- the supervisor ---- */
 
 int main(int argc, char **argv) {
+  const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
+  if (argc > 0 && strcmp(slash == NULL ? argv[0] : slash + 1, HOLDER_NAME) == 0) return holder_main(argc, argv);
   if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
   sv_answer_undo(undo_start);
 

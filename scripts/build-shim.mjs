@@ -1,10 +1,15 @@
-// Compiles the native programs, each from its own sources and the supervision library they
-// share (native/supervise.c): the per-sandbox supervisor, which is also the pod's relay
-// (native/tsbox-shim.c with native/relay.c), and the per-container holder (native/tsbox-ctr.c).
-// Two builds of each, both with warnings as errors:
-//   dist/bin/           -O2, what tsbox runs and the release ships
+// Compiles the native program, tsbox-shim, from the supervision library (native/supervise.c) and
+// what it is: the per-sandbox supervisor, which is also the pod's relay (native/tsbox-shim.c with
+// native/relay.c), and, run under the name tsbox-ctr (a symbolic link beside it), the
+// per-container holder (native/tsbox-ctr.c). One program file, so that every pod's processes and
+// holders share its pages; linked statically, as runc and the pause image's program are, so that
+// no process of a pod carries the dynamic loader and libc's relocated data of its own (this
+// halves a pod process's memory: bench/pods.ts --breakdown shows each kind's).
+// Two builds, both with warnings (the linker's too) as errors:
+//   dist/bin/           -O2, static, what tsbox runs and the release ships
 //   dist/bin-sanitize/  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer,
 //                       any finding fatal, for test/integration/native-sanitizers.test.ts
+//                       (dynamic: the sanitizers' runtimes are shared libraries)
 // (gcc's libasan and libubsan come with it on Debian, as dependencies of libgcc-*-dev).
 // What the programs and tsbox must agree on (ttrpc's framing and the bounds the relay shares
 // with tsbox's ttrpc server, the protocol between a pod's process and tsbox, what one request to
@@ -12,7 +17,7 @@
 // those values into dist/native-gen/tsbox-contract.h, which the programs include.
 // Rebuilds a binary only when one of its sources, a header or this script is newer than it.
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { lstatSync, mkdirSync, readFileSync, readdirSync, readlinkSync, renameSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -72,24 +77,33 @@ if (current !== contract) {
 const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
 // Every header (native/supervise.h, native/relay.h) counts for every binary, and so do the flags here.
 const inputs = [fileURLToPath(import.meta.url), contractHeader, ...readdirSync(native).filter((name) => name.endsWith('.h')).map((name) => join(native, name))];
-const library = ['supervise.c'];
-const binaries = {
-  'tsbox-shim': ['tsbox-shim.c', 'relay.c', ...library],
-  'tsbox-ctr': ['tsbox-ctr.c', ...library],
-};
-const warnings = ['-Wall', '-Wextra', '-Werror'];
+const program = 'tsbox-shim';
+const sources = ['tsbox-shim.c', 'relay.c', 'tsbox-ctr.c', 'supervise.c'].map((source) => join(native, source));
+// The names the program also answers to (native/holder.h), links to it in the same directory.
+const aliases = ['tsbox-ctr'];
+const warnings = ['-Wall', '-Wextra', '-Werror', '-Wl,--fatal-warnings'];
 const builds = {
-  bin: ['-O2', ...warnings],
+  bin: ['-O2', '-static', '-fno-inline-functions-called-once', ...warnings],
   'bin-sanitize': ['-fsanitize=address,undefined', '-fno-sanitize-recover=all', '-fno-omit-frame-pointer', '-g', '-O1', ...warnings],
 };
 const cc = process.env.CC ?? 'cc';
 for (const [dir, flags] of Object.entries(builds)) {
-  for (const [name, sources] of Object.entries(binaries)) {
-    const srcs = sources.map((source) => join(native, source));
-    const out = join(root, 'dist', dir, name);
-    if (mtime(out) < Math.max(...[...srcs, ...inputs].map(mtime))) {
-      mkdirSync(dirname(out), { recursive: true });
-      execFileSync(cc, [...flags, '-I', generated, '-o', out, ...srcs], { stdio: 'inherit' });
+  const out = join(root, 'dist', dir, program);
+  if (mtime(out) < Math.max(...[...sources, ...inputs].map(mtime))) {
+    mkdirSync(dirname(out), { recursive: true });
+    execFileSync(cc, [...flags, '-I', generated, '-o', out, ...sources], { stdio: 'inherit' });
+  }
+  for (const alias of aliases) {
+    const link = join(root, 'dist', dir, alias);
+    let target;
+    try {
+      target = lstatSync(link).isSymbolicLink() ? readlinkSync(link) : undefined;
+    } catch {
+      target = undefined; // absent
     }
+    if (target === program) continue;
+    // Replaced in one step (an earlier build left a program file there, or nothing).
+    symlinkSync(program, `${link}.new`);
+    renameSync(`${link}.new`, link);
   }
 }

@@ -4,7 +4,7 @@
 //     bin/node             the Node runtime this script runs on (pinned: same binary, same version)
 //     dist/src/…           the compiled program
 //     dist/bin/tsbox-shim  the per-sandbox supervisor
-//     dist/bin/tsbox-ctr   the per-container holder of the Task API route
+//     dist/bin/tsbox-ctr   the per-container holder of the Task API route (a link to tsbox-shim)
 //     node_modules/…       production dependencies only
 //     package.json, README.md, VERSION
 // Needs nothing on the node but libc (Node links only glibc's libraries). Options:
@@ -35,7 +35,8 @@ rmSync(stage, { recursive: true, force: true });
 mkdirSync(join(top, 'bin'), { recursive: true });
 
 cpSync(join(root, 'dist', 'src'), join(top, 'dist', 'src'), { recursive: true });
-cpSync(join(root, 'dist', 'bin'), join(top, 'dist', 'bin'), { recursive: true });
+// The holder's name is a link to the one program (scripts/build-shim.mjs): kept a link, as it is.
+cpSync(join(root, 'dist', 'bin'), join(top, 'dist', 'bin'), { recursive: true, verbatimSymlinks: true });
 // The program is ES modules: package.json's "type" says so to Node.
 writeFileSync(
   join(top, 'package.json'),

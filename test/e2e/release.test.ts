@@ -62,6 +62,8 @@ describe('the release artifact, unpacked on a fresh directory', () => {
     for (const dev of ['typescript', 'eslint', 'ts-proto', '@bufbuild/buf']) assert.ok(!existsSync(path.join(home, 'node_modules', dev)), `no dev dependency ${dev}`);
     assert.ok(!existsSync(path.join(home, 'dist', 'test')), 'no tests');
     assert.match(readFileSync(path.join(home, 'VERSION'), 'utf8'), new RegExp(`node ${process.version.replace(/\./g, '\\.')}`));
+    // The holder is the one program under its own name: a link inside the artifact, not to the build's tree.
+    assert.equal(readlinkSync(path.join(home, 'dist', 'bin', 'tsbox-ctr')), 'tsbox-shim');
   });
 
   test('serves behind containerd with its own Node; its CLI creates and removes a sandbox', async () => {
