@@ -75,6 +75,7 @@ function taskRoute(handlers: readonly string[], server: TaskServer, logger: Logg
     },
     attach: (pod) => server.links.attach(pod),
     detach: (key) => server.links.detach(key),
+    release: (key) => server.links.release(key),
     killTasks: (ns, id) => bounded(id, 'ended', (signal) => server.tasks.killSandboxTasks(ns, id, signal)),
     removeTasks: (ns, id) => bounded(id, 'removed', (signal) => server.tasks.removeSandboxTasks(ns, id, signal)),
   };

@@ -83,6 +83,11 @@ export interface TaskRoute {
   attach(pod: { key: string; path: string; alive(): Promise<boolean>; lost(): void }): void;
   /** Stops serving them: the link closes and is not opened again. */
   detach(key: string): void;
+  /**
+   * The pod's supervisor is being ended: its link is not opened again; resolves once the link
+   * has closed (the supervisor's end, as it happens), at once when none is open.
+   */
+  release(key: string): Promise<void>;
   /** Ends the processes of the tasks that name the sandbox (its supervisor is gone). */
   killTasks(namespace: string, sandboxId: string): Promise<void>;
   /** Deletes the tasks that name the sandbox (its Shutdown). */
@@ -157,15 +162,8 @@ class Watched implements RunningSandbox {
  * exits directory's watch) rather than at the poll's next turn; the poll stays for what no event
  * tells (a supervisor that died without an exit file).
  */
-async function untilExit(watched: Watched, done: () => Promise<boolean>, bound: Bound): Promise<boolean> {
-  const woken = new AbortController();
-  watched.onExit(() => woken.abort());
-  try {
-    return await pollUntil(done, { ...bound, signal: AbortSignal.any([bound.signal, woken.signal]) });
-  } catch (err) {
-    if (woken.signal.aborted && !bound.signal.aborted) return watched.exited;
-    throw err;
-  }
+function untilExit(watched: Watched, done: () => Promise<boolean>, bound: Bound): Promise<boolean> {
+  return pollUntil(done, bound, new Promise((resolve) => watched.onExit(resolve)));
 }
 
 /**
@@ -546,11 +544,12 @@ export class ProcessBackend implements RuntimeBackend {
     const key = `${spec.namespace}/${spec.id}`;
     const handle = this.#serving.get(key);
     this.#serving.delete(key);
-    this.#opts.taskApi?.detach(key);
+    const released = this.#opts.taskApi?.release(key);
     if (handle !== undefined && (await this.#alive(handle))) {
       const bound = this.#bound(new AbortController().signal);
       signalProcess(handle.shimPid, 'SIGTERM');
-      if (!(await pollUntil(async () => !(await this.#alive(handle)), { ...bound, deadline: Date.now() + bound.ms / 2 }))) {
+      // Its link closes as it ends: that wakes the wait, not the poll's next turn.
+      if (!(await pollUntil(async () => !(await this.#alive(handle)), { ...bound, deadline: Date.now() + bound.ms / 2 }, released))) {
         this.#log.warn({ key, supervisor: handle.shimPid }, 'the supervisor did not end on SIGTERM: SIGKILL');
         signalProcess(handle.shimPid, 'SIGKILL');
         await pollUntil(async () => !(await this.#alive(handle)), bound);

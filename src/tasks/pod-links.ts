@@ -27,6 +27,8 @@ class Link {
   detached = false;
   /** The pod's process speaks a protocol version this tsbox does not: it is not reached again. */
   refused = false;
+  /** Called once the link's connection has closed, when its pod's process is being ended (release()). */
+  onClosed: (() => void) | undefined;
 
   constructor(readonly pod: LinkedPod) {}
 }
@@ -119,6 +121,23 @@ export class PodLinks {
     link.socket?.destroy();
   }
 
+  /**
+   * The pod's process is being ended: its link is not opened again nor its loss reported, but the
+   * connection is left open. Resolves once it has closed (the process ended, or it closed its
+   * end on its way out), at once when there is none: the end of the process, told as it happens.
+   */
+  release(key: string): Promise<void> {
+    const link = this.#links.get(key);
+    if (link === undefined) return Promise.resolve();
+    this.#links.delete(key);
+    link.detached = true;
+    clearTimeout(link.timer);
+    if (link.socket === undefined || link.socket.destroyed) return Promise.resolve();
+    return new Promise((resolve) => {
+      link.onClosed = resolve;
+    });
+  }
+
   /** tsbox stops: no link is opened again (the server's close ends those open). */
   close(): void {
     this.#closing = true;
@@ -157,6 +176,8 @@ export class PodLinks {
 
   async #closed(link: Link): Promise<void> {
     link.socket = undefined;
+    link.onClosed?.();
+    link.onClosed = undefined;
     if (link.detached || this.#closing || link.refused) return;
     if (!(await link.pod.alive())) {
       if (link.detached || this.#links.get(link.pod.key) !== link) return;
