@@ -8,8 +8,9 @@ import { TsboxError, abortError, errnoOf, messageOf, readIfPresentNow } from '..
 import { type ChangeCalls, poolCalls } from '../base/fs-now.js';
 import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
 import { type HelperService, spawnThrough } from './helper-service.js';
-import { parseExitFile } from './process-backend.js';
-import { isSameProcess, signalGroup, untilGone } from './proc.js';
+import { boundOf } from './bound.js';
+import { signalGroup } from './proc.js';
+import { type ProcessId, endProcess, isRunning, readExitRecord, superviseAgain } from './supervised.js';
 
 /**
  * The per-container holder (native/tsbox-ctr.c), seen from tsbox: it runs `runc create` or
@@ -33,6 +34,11 @@ export function parseHolderRecord(text: string): HolderRecord | undefined {
   if (match === null) return undefined;
   const [, holderPid, holderStart, pid, pidStart] = match as unknown as [string, string, string, string, string];
   return { holderPid: Number(holderPid), holderStart, pid: Number(pid), pidStart };
+}
+
+/** The holder itself, as supervised.ts names a process. */
+function holderOf(record: HolderRecord): ProcessId {
+  return { pid: record.holderPid, start: record.holderStart };
 }
 
 /**
@@ -177,8 +183,8 @@ async function startThroughService(io: HolderIo, args: string[], what: string): 
   } catch (err) {
     // The request's end ended a holder that had not answered (and runc with it); one that
     // answered meanwhile is found by the record it writes first, and ended.
-    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresentNow(join(io.dir, 'holder'))) ?? '');
-    if (early !== null) await endWorkingHolder(Number(early[1]), early[2] as string, HOLDER_KILL_WAIT_MS);
+    const early = await readEarlyRecord(io.dir);
+    if (early !== undefined) await endWorkingHolder(early, HOLDER_KILL_WAIT_MS);
     throw err;
   }
 }
@@ -208,7 +214,7 @@ export type FoundHolder =
   | { readonly kind: 'running'; readonly holder: ContainerHolder }
   | { readonly kind: 'exited'; readonly exit: ExitInfo }
   /** A holder that has not answered yet and still runs (tsbox stopped while it worked). */
-  | { readonly kind: 'working'; readonly holderPid: number; readonly holderStart: string }
+  | { readonly kind: 'working'; readonly holder: ProcessId }
   /** No record: the holder never answered, or this is not a holder's directory. */
   | { readonly kind: 'absent' };
 
@@ -217,47 +223,39 @@ function lostExit(): ExitInfo {
   return { status: 255, exitedAt: systemClock(), reason: 'exit status unknown: the container holder was killed before it could record it' };
 }
 
+/** `<dir>/holder`, what a holder writes of itself before it answers: "<pid> <start>"; undefined while there is none. */
+async function readEarlyRecord(dir: string): Promise<ProcessId | undefined> {
+  const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresentNow(join(dir, 'holder'))) ?? '');
+  return early === null ? undefined : { pid: Number(early[1]), start: early[2] as string };
+}
+
 /**
  * Finds a holder again from its directory (after a restart of tsbox): the exit file if it
  * was written; else the holder, trusted only when its pid still has the recorded start time.
  */
 export async function findContainerHolder(dir: string): Promise<FoundHolder> {
-  const exit = await readExit(dir);
+  const exit = await readExitRecord(dir);
   if (exit !== undefined) return { kind: 'exited', exit };
   const record = parseHolderRecord((await readIfPresentNow(join(dir, 'pid'))) ?? '');
   if (record === undefined) {
-    const early = /^([1-9]\d*) (\d+)\n$/.exec((await readIfPresentNow(join(dir, 'holder'))) ?? '');
-    if (early === null) return { kind: 'absent' };
-    const holderPid = Number(early[1]);
-    const holderStart = early[2] as string;
-    if (!(await isSameProcess(holderPid, holderStart))) return { kind: 'absent' };
+    const holder = await readEarlyRecord(dir);
+    if (holder === undefined || !(await isRunning(holder))) return { kind: 'absent' };
     // It may have answered between the first read and this one.
     const answered = parseHolderRecord((await readIfPresentNow(join(dir, 'pid'))) ?? '');
-    if (answered === undefined) return { kind: 'working', holderPid, holderStart };
+    if (answered === undefined) return { kind: 'working', holder };
     return { kind: 'running', holder: new ContainerHolder(dir, answered) };
   }
-  if (await isSameProcess(record.holderPid, record.holderStart)) return { kind: 'running', holder: new ContainerHolder(dir, record) };
-  // It may have written the exit between the first read and its end.
-  return { kind: 'exited', exit: (await readExit(dir)) ?? lostExit() };
+  const found = await superviseAgain(holderOf(record), () => readExitRecord(dir));
+  if (found.kind === 'running') return { kind: 'running', holder: new ContainerHolder(dir, record) };
+  return { kind: 'exited', exit: found.kind === 'exited' ? found.exit : lostExit() };
 }
 
 /**
  * Ends a holder found still at work (and runc under it: its process group) and waits, at most
  * `timeoutMs`, for it to be gone; false when it outlived the bound.
  */
-export async function endWorkingHolder(holderPid: number, holderStart: string, timeoutMs: number): Promise<boolean> {
-  if (!(await isSameProcess(holderPid, holderStart))) return true;
-  signalGroup(holderPid, 'SIGKILL');
-  return untilGone(holderPid, holderStart, timeoutMs);
-}
-
-/** Reads `<dir>/exit`; undefined while there is none. A malformed file is an error. */
-export async function readExit(dir: string): Promise<ExitInfo | undefined> {
-  const text = await readIfPresentNow(join(dir, 'exit'));
-  if (text === undefined) return undefined;
-  const exit = parseExitFile(text);
-  if (exit === undefined) throw new TsboxError('Internal', `unreadable exit file ${join(dir, 'exit')}: ${JSON.stringify(text.slice(0, 80))}`);
-  return exit;
+export function endWorkingHolder(holder: ProcessId, timeoutMs: number): Promise<boolean> {
+  return endProcess(holder, boundOf(timeoutMs, new AbortController().signal), { group: true });
 }
 
 /** How waitExit follows the exit besides the control socket. */
@@ -335,7 +333,7 @@ export class ContainerHolder {
 
   /** The exit, once written; undefined while the process runs. */
   exit(): Promise<ExitInfo | undefined> {
-    return readExit(this.dir);
+    return readExitRecord(this.dir);
   }
 
   /**
@@ -365,12 +363,12 @@ export class ContainerHolder {
       };
       const check = async (holderGone: boolean): Promise<void> => {
         try {
-          const exit = await readExit(this.dir);
+          const found = holderGone ? await superviseAgain(holderOf(this.record), () => readExitRecord(this.dir)) : undefined;
+          const exit = found === undefined ? await readExitRecord(this.dir) : found.kind === 'exited' ? found.exit : undefined;
           if (exit !== undefined) finish(() => resolve(exit));
-          else if (holderGone) {
-            if (!(await isSameProcess(this.record.holderPid, this.record.holderStart))) {
-              const late = await readExit(this.dir);
-              finish(() => resolve(late ?? lostExit()));
+          else if (found !== undefined) {
+            if (found.kind === 'lost') {
+              finish(() => resolve(lostExit()));
             } else if (!done) {
               // The holder lives but its socket let go of us: ask again, later.
               retry = setTimeout(dial, pauseMs);

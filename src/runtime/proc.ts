@@ -24,29 +24,11 @@ export async function processStat(pid: number): Promise<ProcessStat | undefined>
 
 /**
  * The start time of a process, or undefined when no such process exists. A pid is trusted
- * only together with this value: after a restart the same pid may belong to another process.
+ * only together with this value: after a restart the same pid may belong to another process
+ * (supervised.ts names processes so).
  */
 export async function processStartTime(pid: number): Promise<string | undefined> {
   return (await processStat(pid))?.startTime;
-}
-
-/** True when `pid` is alive and is the process that started at `startTime`. */
-export async function isSameProcess(pid: number, startTime: string): Promise<boolean> {
-  return (await processStartTime(pid)) === startTime;
-}
-
-/**
- * Waits, at most `timeoutMs`, for the process that started at `startTime` to be gone; false
- * when it outlived the bound. Not a child of ours: no event tells its end, so /proc is looked
- * at every 20 ms.
- */
-export async function untilGone(pid: number, startTime: string, timeoutMs: number): Promise<boolean> {
-  const until = Date.now() + timeoutMs;
-  while (await isSameProcess(pid, startTime)) {
-    if (Date.now() >= until) return false;
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-  return true;
 }
 
 /** Sends `signal` to a process (or, with a negative pid, a group), ignoring one that is gone. */

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { watch, type FSWatcher } from 'node:fs';
 import { mkdir, rm, unlink } from 'node:fs/promises';
-import { readFile, writeProcFile } from '../base/fs-now.js';
+import { writeProcFile } from '../base/fs-now.js';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
@@ -18,14 +18,15 @@ import type {
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
-import { TsboxError, abortError, allOrFirstError, errnoOf, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../base/errors.js';
+import { TsboxError, abortError, allOrFirstError, ignoreError, messageOf, readIfPresent, readIfPresentNow } from '../base/errors.js';
 import type { StateLayout } from '../state/layout.js';
 import { boundOf, pollUntil, type Bound } from './bound.js';
 import { ownCgroupDirs, sandboxCgroupPath, type CgroupManager } from './cgroups.js';
 import { type ProgramAnswer, programAnswerOf, readChildAnswer } from './child-answer.js';
 import { type HelperService, spawnThrough } from './helper-service.js';
 import { POD_SHM_BYTES, type PodFiles } from './pod-files.js';
-import { isSameProcess, processStartTime, processStat, signalGroup, signalProcess } from './proc.js';
+import { processStat, signalGroup, signalProcess } from './proc.js';
+import { type ProcessId, endProcess, isRunning, processIdOf, readExitRecord, signalIfRunning, superviseAgain, untilGone } from './supervised.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
 import { removeStaleShimSockets, shimSocketPath, stopPodShims } from './task-shim.js';
 
@@ -43,6 +44,16 @@ const handleSchema = z.object({
   link: z.string().optional(),
 });
 export type ProcessHandle = z.infer<typeof handleSchema>;
+
+/** The supervisor a handle records. */
+function supervisorOf(handle: ProcessHandle): ProcessId {
+  return { pid: handle.shimPid, start: handle.shimStart };
+}
+
+/** The sandbox process a handle records. */
+function sandboxOf(handle: ProcessHandle): ProcessId {
+  return { pid: handle.pid, start: handle.pidStart };
+}
 
 export interface ProcessBackendOptions {
   readonly layout: StateLayout;
@@ -108,16 +119,6 @@ const SANDBOX_OOM_SCORE_ADJ = -998;
 const GO_AHEAD = Buffer.from([1]);
 
 const now = systemClock;
-
-/** Parses the supervisor's exit file: "<status> <seconds> <nanoseconds>". */
-export function parseExitFile(text: string): ExitInfo | undefined {
-  const match = /^(\d{1,3}) (-?\d+) (\d{1,9})\n?$/.exec(text);
-  if (match === null) return undefined;
-  const status = Number(match[1]);
-  if (status > 255) return undefined;
-  const reason = status > 128 ? `killed by signal ${status - 128}` : `exited with code ${status}`;
-  return { status, exitedAt: { seconds: Number(match[2]), nanos: Number(match[3]) }, reason };
-}
 
 /** One sandbox the backend watches. Fires its exit once. */
 class Watched implements RunningSandbox {
@@ -223,24 +224,16 @@ export class ProcessBackend implements RuntimeBackend {
   /** Reads the exit file of a sandbox whose supervisor ended (or announced the exit). */
   async #collect(watched: Watched): Promise<void> {
     if (watched.exited) return;
-    const exit = await this.#readExit(watched.dir);
-    if (exit !== undefined) {
-      this.#finish(watched, exit);
-      return;
-    }
     // Gone only when it is: a read before the exit is written (a Stop's poll, a notice) finds a
-    // live supervisor, also one that is tsbox's child.
-    if (watched.childExited || !(await this.#alive(watched.handle))) {
-      // It writes the exit before it ends: one written since the read above is there now.
-      const late = await this.#readExit(watched.dir);
-      if (late !== undefined) this.#finish(watched, late);
-      else await this.#supervisorLost(watched);
-    }
+    // live supervisor, also one that is tsbox's child (reaped once it has exited: not running).
+    const found = await superviseAgain(supervisorOf(watched.handle), () => this.#readExit(watched.dir));
+    if (found.kind === 'exited') this.#finish(watched, found.exit);
+    else if (found.kind === 'lost') await this.#supervisorLost(watched);
   }
 
   /** Whether the sandbox's supervisor is the recorded process. */
   #alive(handle: ProcessHandle): Promise<boolean> {
-    return isSameProcess(handle.shimPid, handle.shimStart);
+    return isRunning(supervisorOf(handle));
   }
 
   /** Serves the pod's tasks through its supervisor's link, while it lives. */
@@ -269,18 +262,14 @@ export class ProcessBackend implements RuntimeBackend {
     await this.#opts.taskApi?.killTasks(ns, id).catch((err: unknown) => this.#log.error({ key, err }, "cannot end the tasks of a pod whose supervisor is gone"));
   }
 
+  /** The exit file; undefined while there is none, and when it cannot be read (logged: the next check retries). */
   async #readExit(dir: string): Promise<ExitInfo | undefined> {
-    let text: string;
     try {
-      text = await readFile(join(dir, 'exit'), 'utf8');
+      return await readExitRecord(dir);
     } catch (err) {
-      // No exit file yet: the sandbox runs. Any other failure is logged; the next check retries.
-      if (errnoOf(err) !== 'ENOENT') this.#log.warn({ file: join(dir, 'exit'), err }, 'cannot read exit file');
+      this.#log.error({ file: join(dir, 'exit'), err }, 'cannot read exit file');
       return undefined;
     }
-    const exit = parseExitFile(text);
-    if (exit === undefined) this.#log.error({ file: join(dir, 'exit'), content: text.slice(0, 80) }, 'unreadable exit file');
-    return exit;
   }
 
   /**
@@ -312,8 +301,7 @@ export class ProcessBackend implements RuntimeBackend {
       await this.#endCgroup(watched.key, watched.cgroupPath, bound);
       return;
     }
-    if (await isSameProcess(watched.pid, watched.handle.pidStart)) signalGroup(watched.pid, 'SIGKILL');
-    await pollUntil(async () => !(await isSameProcess(watched.pid, watched.handle.pidStart)), bound);
+    await endProcess(sandboxOf(watched.handle), bound, { group: true });
   }
 
   #finish(watched: Watched, exit: ExitInfo): void {
@@ -441,12 +429,12 @@ export class ProcessBackend implements RuntimeBackend {
       throw err;
     }
     child?.unref();
-    const [shimStart, pidStart] = await Promise.all([processStartTime(reply.shimPid), processStartTime(reply.pid)]);
+    const [shim, sandbox] = await Promise.all([processIdOf(reply.shimPid), processIdOf(reply.pid)]);
     const handle: ProcessHandle = {
       shimPid: reply.shimPid,
-      shimStart: shimStart ?? '',
+      shimStart: shim?.start ?? '',
       pid: reply.pid,
-      pidStart: pidStart ?? '',
+      pidStart: sandbox?.start ?? '',
       ...(sockets === undefined ? {} : { link: sockets.link }),
     };
     const key = `${spec.namespace}/${spec.id}`;
@@ -545,15 +533,13 @@ export class ProcessBackend implements RuntimeBackend {
     const handle = this.#serving.get(key);
     this.#serving.delete(key);
     const released = this.#opts.taskApi?.release(key);
-    if (handle !== undefined && (await this.#alive(handle))) {
-      const bound = this.#bound(new AbortController().signal);
-      signalProcess(handle.shimPid, 'SIGTERM');
+    if (handle !== undefined) {
       // Its link closes as it ends: that wakes the wait, not the poll's next turn.
-      if (!(await pollUntil(async () => !(await this.#alive(handle)), { ...bound, deadline: Date.now() + bound.ms / 2 }, released))) {
-        this.#log.warn({ key, supervisor: handle.shimPid }, 'the supervisor did not end on SIGTERM: SIGKILL');
-        signalProcess(handle.shimPid, 'SIGKILL');
-        await pollUntil(async () => !(await this.#alive(handle)), bound);
-      }
+      await endProcess(supervisorOf(handle), this.#bound(new AbortController().signal), {
+        gentle: true,
+        ...(released === undefined ? {} : { wake: released }),
+        onStubborn: () => this.#log.warn({ key, supervisor: handle.shimPid }, 'the supervisor did not end on SIGTERM: SIGKILL'),
+      });
     }
     this.#dropNotice(key);
     const sockets = this.#opts.layout.podSockets(spec.namespace, spec.id);
@@ -580,7 +566,7 @@ export class ProcessBackend implements RuntimeBackend {
     if (cgroups === undefined) throw new TsboxError('FailedPrecondition', 'tsbox has no cgroups here: limits cannot be applied');
     if (sliceOf(spec.pod?.cgroupParent) !== undefined) await this.#opts.systemd?.update(scopeUnit(spec.id), limits);
     await cgroups.applyLimits(this.#cgroupPath(spec), limits);
-    if (limits.oomScoreAdj !== undefined && (await isSameProcess(sandbox.pid, (sandbox as Watched).handle.pidStart))) {
+    if (limits.oomScoreAdj !== undefined && (await isRunning(sandboxOf((sandbox as Watched).handle)))) {
       await this.#setOomScoreAdj(sandbox.pid, limits.oomScoreAdj);
     }
   }
@@ -592,19 +578,19 @@ export class ProcessBackend implements RuntimeBackend {
     // Started by an earlier build on the Task API route: its tasks' calls come through that
     // build's node-wide task front, served as long as such a pod is left.
     if (parsed.success && parsed.data.link === undefined && this.#onTaskRoute(spec)) this.#opts.taskApi?.formerPod(key, true);
-    const exit = await this.#readExit(dir);
-    if (exit !== undefined) {
+    if (!parsed.success) {
+      return { kind: 'exited', exit: (await this.#readExit(dir)) ?? { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: no process recorded' } };
+    }
+    const found = await superviseAgain(supervisorOf(parsed.data), () => this.#readExit(dir));
+    if (found.kind === 'exited') {
       // A supervisor that relays the pod's task calls serves them on after the exit.
-      if (parsed.success && parsed.data.link !== undefined && (await this.#alive(parsed.data))) {
+      if (parsed.data.link !== undefined && (await this.#alive(parsed.data))) {
         this.#serving.set(key, parsed.data);
         this.#attach(key, parsed.data);
       }
-      return { kind: 'exited', exit };
+      return { kind: 'exited', exit: found.exit };
     }
-    if (!parsed.success) {
-      return { kind: 'exited', exit: { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: no process recorded' } };
-    }
-    if (await this.#alive(parsed.data)) {
+    if (found.kind === 'running') {
       // The supervisor lives; the sandbox pid is trusted only with its start time, else it
       // is taken from the supervisor's own pid file.
       const handle = await this.#verifiedHandle(dir, parsed.data);
@@ -623,22 +609,14 @@ export class ProcessBackend implements RuntimeBackend {
         exit: (await this.#readExit(dir)) ?? { status: UNKNOWN, exitedAt: now(), reason: 'exit status unknown: the recorded process was not the sandbox' },
       };
     }
-    const watched = new Watched(key, dir, parsed.data, false);
-    watched.cgroupPath = this.#cgroupPath(spec);
-    this.#watched.set(key, watched);
-    // The supervisor may have written the exit between the first read and now.
-    const late = await this.#readExit(dir);
-    if (late !== undefined) {
-      this.#watched.delete(key);
-      return { kind: 'exited', exit: late };
-    }
     // The supervisor was killed while tsbox was away: the pod ends with it (#supervisorLost).
     this.#log.warn({ key }, "the sandbox's supervisor was killed while tsbox was away: ending the pod, exit status unknown (255)");
+    const watched = new Watched(key, dir, parsed.data, false);
+    watched.cgroupPath = this.#cgroupPath(spec);
     watched.ending = true;
     await this.#endSandbox(watched, this.#bound(new AbortController().signal)).catch((err: unknown) =>
       this.#log.error({ key, err }, "cannot end the processes of a pod whose supervisor is gone"),
     );
-    this.#watched.delete(key);
     await this.#killTasks(key);
     return {
       kind: 'exited',
@@ -648,7 +626,7 @@ export class ProcessBackend implements RuntimeBackend {
 
   /** The handle with a sandbox pid that is really the supervisor's child, or undefined. */
   async #verifiedHandle(dir: string, handle: ProcessHandle): Promise<ProcessHandle | undefined> {
-    if (await isSameProcess(handle.pid, handle.pidStart)) return handle;
+    if (await isRunning(sandboxOf(handle))) return handle;
     // No pid file to correct the handle with: the handle is not verified.
     const text = (await readIfPresentNow(join(dir, 'pid'))) ?? '';
     const [shimPid, pid] = text.trim().split(' ').map(Number);
@@ -679,6 +657,7 @@ export class ProcessBackend implements RuntimeBackend {
     const key = `${spec.namespace}/${spec.id}`;
     const path = this.#cgroupPath(spec);
     let ours = false;
+    let supervisor: ProcessId | undefined;
     if (pid > 0) {
       // Only a supervisor whose command line names this sandbox's directory is ours; without
       // it, a sandbox process is ours only if it sits in this sandbox's cgroup. A process
@@ -687,6 +666,7 @@ export class ProcessBackend implements RuntimeBackend {
       const cgroup = (await readIfPresentNow(`/proc/${pid}/cgroup`)) ?? '';
       ours = cmdline.split('\0').includes(dir) || cgroup.split('\n').some((line) => line.endsWith(`:${path}`));
       if (ours) {
+        supervisor = shimPid > 0 ? await processIdOf(shimPid) : undefined;
         this.#log.warn({ ns: spec.namespace, id: spec.id, pid }, 'killing a sandbox process whose start never answered');
         signalGroup(pid, 'SIGKILL');
         // A supervisor that relays task calls would outlive its sandbox: it goes too.
@@ -697,7 +677,7 @@ export class ProcessBackend implements RuntimeBackend {
     await allOrFirstError([rm(sockets.task, { force: true }), rm(sockets.link, { force: true })]);
     if (this.#opts.cgroups !== undefined) {
       await this.#endCgroup(key, path, bound);
-    } else if (ours && shimPid > 0 && !(await pollUntil(async () => (await processStartTime(shimPid)) === undefined, bound))) {
+    } else if (supervisor !== undefined && !(await untilGone(supervisor, bound))) {
       throw new TsboxError('DeadlineExceeded', `the supervisor ${shimPid} of sandbox ${key} is still there ${bound.ms} ms after its sandbox was killed (kill_timeout_ms)`);
     }
   }
@@ -718,9 +698,7 @@ export class ProcessBackend implements RuntimeBackend {
   async #signal(watched: Watched, signal: NodeJS.Signals): Promise<void> {
     // Signals go only to the process recorded with this start time, never to a reused pid.
     if (watched.exited) return;
-    if (await isSameProcess(watched.pid, watched.handle.pidStart)) {
-      if (!watched.exited) signalGroup(watched.pid, signal);
-    }
+    await signalIfRunning(sandboxOf(watched.handle), signal, { group: true });
   }
 
   async terminate(sandbox: RunningSandbox): Promise<void> {

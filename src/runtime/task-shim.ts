@@ -4,7 +4,9 @@ import { createConnection } from 'node:net';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { isGone, readIfPresent, withPath } from '../base/errors.js';
-import { processStartTime, signalProcess, untilGone } from './proc.js';
+import { boundOf } from './bound.js';
+import { processStartTime } from './proc.js';
+import { endProcess } from './supervised.js';
 
 /**
  * The runtime shim containerd runs for a pod's containers (containerd-shim-runc-v2 for
@@ -123,13 +125,11 @@ export async function stopPodShims(namespace: string, groupId: string, log: Logg
   const shims = await findPodShims(namespace, groupId, options.containerdAddress);
   for (const shim of shims) {
     log.info({ pid: shim.pid, socket: shim.socket }, 'ending the pod\'s runtime shim');
-    const signal = (sig: NodeJS.Signals): void => signalProcess(shim.pid, sig);
-    signal('SIGTERM');
-    if (!(await untilGone(shim.pid, shim.startTime, graceMs))) {
-      log.warn({ pid: shim.pid }, 'the pod\'s runtime shim did not end on SIGTERM; killing it');
-      signal('SIGKILL');
-      await untilGone(shim.pid, shim.startTime, 5_000);
-    }
+    // SIGTERM for graceMs, then SIGKILL and as long again.
+    await endProcess({ pid: shim.pid, start: shim.startTime }, boundOf(2 * graceMs, new AbortController().signal), {
+      gentle: true,
+      onStubborn: () => log.warn({ pid: shim.pid }, 'the pod\'s runtime shim did not end on SIGTERM; killing it'),
+    });
   }
   return shims.length;
 }

@@ -3,7 +3,7 @@ import { type ChangeCalls, readFile, readdirEntries, stat } from '../base/fs-now
 import { join } from 'node:path';
 import type { Bound } from '../runtime/bound.js';
 import { removeTree } from '../runtime/cgroups.js';
-import { isSameProcess } from '../runtime/proc.js';
+import { isRunning } from '../runtime/supervised.js';
 import { allOrFirstError, isGone, withPath } from '../base/errors.js';
 
 /**
@@ -50,7 +50,7 @@ export async function deleteStoppedContainer(options: {
     options.kill === undefined ||
     typeof state.init_process_pid !== 'number' ||
     // A live init is runc's to kill (delete --force).
-    (await isSameProcess(state.init_process_pid, String(state.init_process_start)))
+    (await isRunning({ pid: state.init_process_pid, start: String(state.init_process_start) }))
   ) {
     return 'runc';
   }

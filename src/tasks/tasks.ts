@@ -1017,9 +1017,9 @@ export class TaskTable {
     if (found.kind === 'working') {
       // tsbox stopped while this holder was making the container or starting the exec: nobody
       // was answered. It is ended, so that undoing it does not race it; a replayed call redoes it.
-      this.#log.warn({ id: task.record.id, execId: proc.execId, holder: found.holderPid }, 'a container holder was still at work when tsbox stopped: ending it');
-      if (!(await endWorkingHolder(found.holderPid, found.holderStart, HOLDER_END_MS))) {
-        this.#log.error({ id: task.record.id, holder: found.holderPid }, `a container holder did not end within ${HOLDER_END_MS} ms of SIGKILL`);
+      this.#log.warn({ id: task.record.id, execId: proc.execId, holder: found.holder.pid }, 'a container holder was still at work when tsbox stopped: ending it');
+      if (!(await endWorkingHolder(found.holder, HOLDER_END_MS))) {
+        this.#log.error({ id: task.record.id, holder: found.holder.pid }, `a container holder did not end within ${HOLDER_END_MS} ms of SIGKILL`);
       }
       return;
     }

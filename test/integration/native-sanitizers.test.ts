@@ -27,7 +27,7 @@ import { TsboxError, abortError } from '../../src/base/errors.js';
 import { podRequests } from '../../src/tasks/pod-links.js';
 import { parseHolderRecord } from '../../src/runtime/container-holder.js';
 import { isMountedAt } from '../../src/runtime/mountinfo.js';
-import { parseExitFile } from '../../src/runtime/process-backend.js';
+import { parseExitFile } from '../../src/runtime/supervised.js';
 import { FrameType, encodeFrame } from '../../src/ttrpc/frame.js';
 import { POD_CANCEL, POD_PROTOCOL_VERSION, POD_SERVICE } from '../../src/ttrpc/pod-link.js';
 import { TtrpcServer } from '../../src/ttrpc/server.js';
