@@ -19,7 +19,8 @@ import { TtrpcClient } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
 import { POD_CANCEL, POD_SERVICE } from '../../src/ttrpc/pod-link.js';
 import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor } from '../support/processes.js';
-import { fdCount, sampler } from '../support/resources.js';
+import { fdCount } from '../support/resources.js';
+import { type AttackTarget, freshEcho, underAttack } from '../support/ttrpc-attack.js';
 import { MAX_CONNECTIONS, MAX_PENDING_BYTES, type PodProcess, cancelPayload, startPod } from '../support/pod-relay.js';
 import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
@@ -79,37 +80,21 @@ describe('hostile peers on a pod\'s relay', () => {
     await removeTree(dir);
   });
 
-  async function probe(): Promise<number> {
-    const started = performance.now();
-    const fresh = await TtrpcClient.connect(socketPath);
-    try {
-      assert.equal((await fresh.call(TEST_SERVICE, 'Echo', Buffer.from('fresh'), { timeoutMs: FRESH_CALL_MS })).toString(), 'fresh');
-    } finally {
-      fresh.close();
-    }
-    const ms = performance.now() - started;
-    assert.ok(ms < FRESH_CALL_MS, `a fresh client waited ${ms.toFixed(0)} ms`);
-    return ms;
-  }
-
-  async function attack(name: string, run: () => Promise<void>): Promise<void> {
-    const p = relayPid();
-    const samples = sampler(p);
-    let stopped = { maxRss: 0, maxFds: 0 };
-    try {
-      await run();
-    } finally {
-      stopped = samples.stop();
-    }
-    await waitFor(() => fdCount(p) <= baselineFds, { what: `${name}: descriptors back to ${baselineFds} (now ${fdCount(p)})`, timeoutMs: 20_000, intervalMs: 50 });
-    const ms = await probe();
-    process.stdout.write(`# relay ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
-    assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB})`);
-    assert.ok(stopped.maxFds <= baselineFds + MAX_CONNECTIONS + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
-    assert.equal(relayPid(), p);
-    assert.equal(heldSettled, false, `${name}: the long-lived connection's pending call ended`);
-    assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('still'), { timeoutMs: 5000 }))?.toString(), 'still');
-  }
+  const target: AttackTarget = {
+    label: 'relay ',
+    get socketPath() {
+      return socketPath;
+    },
+    pid: () => relayPid(),
+    baselineFds: () => baselineFds,
+    connectionBound: MAX_CONNECTIONS,
+    rssBoundMiB: RSS_BOUND_MIB,
+    freshCallMs: FRESH_CALL_MS,
+    longLived: () => longLived,
+    heldSettled: () => heldSettled,
+  };
+  const probe = (): Promise<number> => freshEcho(target);
+  const attack = (name: string, run: () => Promise<void>): Promise<void> => underAttack(target, name, run);
 
   test('garbage and oversized frames: the connection is closed at once', () =>
     attack('garbage', async () => {

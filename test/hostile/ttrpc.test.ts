@@ -14,8 +14,9 @@ import { fileURLToPath } from 'node:url';
 import { GRPC_CODES } from '../../src/base/errors.js';
 import { TtrpcClient, TtrpcError } from '../../src/ttrpc/client.js';
 import { MAX_MESSAGE_BYTES } from '../../src/ttrpc/limits.js';
-import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitFor, waitForSocket } from '../support/processes.js';
-import { fdCount, sampler } from '../support/resources.js';
+import { type ManagedProcess, makeTempDir, removeTree, spawnLogged, stopProcess, tailFile, waitForSocket } from '../support/processes.js';
+import { fdCount } from '../support/resources.js';
+import { type AttackTarget, freshEcho, underAttack } from '../support/ttrpc-attack.js';
 import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame } from '../support/ttrpc-peer.js';
 import { openMany } from '../support/raw-socket.js';
 
@@ -73,40 +74,21 @@ describe('hostile peers on a ttrpc socket', () => {
     await removeTree(dir);
   });
 
-  /** A fresh client's Echo; returns how long it took, failing past FRESH_CALL_MS. */
-  async function probe(): Promise<number> {
-    const started = performance.now();
-    const fresh = await TtrpcClient.connect(socketPath);
-    try {
-      const answer = await fresh.call(TEST_SERVICE, 'Echo', Buffer.from('fresh'), { timeoutMs: FRESH_CALL_MS });
-      assert.equal(answer.toString(), 'fresh');
-    } finally {
-      fresh.close();
-    }
-    const ms = performance.now() - started;
-    assert.ok(ms < FRESH_CALL_MS, `a fresh client waited ${ms.toFixed(0)} ms`);
-    return ms;
-  }
-
-  /** Runs one attack with the sampler on, then checks the server is as it was. */
-  async function attack(name: string, run: () => Promise<void>): Promise<void> {
-    const p = pid();
-    const samples = sampler(p);
-    let stopped = { maxRss: 0, maxFds: 0 };
-    try {
-      await run();
-    } finally {
-      stopped = samples.stop();
-    }
-    await waitFor(() => fdCount(p) <= baselineFds, { what: `${name}: descriptors back to ${baselineFds} (now ${fdCount(p)})`, timeoutMs: 20_000, intervalMs: 50 });
-    const ms = await probe();
-    process.stdout.write(`# ${name}: max RSS ${stopped.maxRss.toFixed(0)} MiB, max descriptors ${stopped.maxFds} (baseline ${baselineFds}), fresh Echo after ${ms.toFixed(0)} ms\n`);
-    assert.ok(stopped.maxRss < RSS_BOUND_MIB, `${name}: RSS reached ${stopped.maxRss.toFixed(0)} MiB (bound ${RSS_BOUND_MIB})`);
-    assert.ok(stopped.maxFds <= baselineFds + CONNECTION_BOUND + 8, `${name}: ${stopped.maxFds} descriptors (baseline ${baselineFds})`);
-    assert.equal(pid(), p);
-    assert.equal(heldSettled, false, `${name}: the long-lived connection's pending call ended`);
-    assert.equal((await longLived?.call(TEST_SERVICE, 'Echo', Buffer.from('still'), { timeoutMs: 5000 }))?.toString(), 'still');
-  }
+  const target: AttackTarget = {
+    label: '',
+    get socketPath() {
+      return socketPath;
+    },
+    pid: () => pid(),
+    baselineFds: () => baselineFds,
+    connectionBound: CONNECTION_BOUND,
+    rssBoundMiB: RSS_BOUND_MIB,
+    freshCallMs: FRESH_CALL_MS,
+    longLived: () => longLived,
+    heldSettled: () => heldSettled,
+  };
+  const probe = (): Promise<number> => freshEcho(target);
+  const attack = (name: string, run: () => Promise<void>): Promise<void> => underAttack(target, name, run);
 
   test('garbage: each connection gets its error answers and is closed once its bogus frame cannot arrive', () =>
     attack('garbage', async () => {
