@@ -266,18 +266,26 @@ function fit(points: readonly (readonly [number, number])[]): { slope: number; r
 interface ScaleFigures {
   /** Node memory (KiB) and tsbox's descriptors against pods held. */
   readonly memory: [number, number][];
+  /** The node memory's parts (KiB) against pods held: the pods' processes, tsbox, containerd. */
+  readonly parts: Record<NodePart, [number, number][]>;
   readonly fds: [number, number][];
   /** tsbox's PSS (KiB) and descriptors: before, after the pods went, after a second come-and-go. */
   readonly daemon: { pssKiB: number; fds: number }[];
 }
 
-/** Every process that grows with a handler's pods, and the daemons, in KiB of PSS. */
-function nodeKiB(env: PodEnv, pods: readonly Pod[]): number {
-  const pids = new Set<number>([env.tsbox.pid ?? 0, env.containerd.pid ?? 0]);
-  for (const pod of pods) for (const pid of podProcesses(env, pod)) pids.add(pid);
-  let kib = 0;
-  for (const pid of pids) if (pid > 0) kib += pssKiB(pid);
-  return kib;
+const NODE_PARTS = ['pods', 'tsbox', 'containerd'] as const;
+type NodePart = (typeof NODE_PARTS)[number];
+
+/** Every process that grows with a handler's pods, and the daemons, in KiB of PSS: in all, and each part. */
+function nodeKiB(env: PodEnv, pods: readonly Pod[]): { readonly all: number } & Record<NodePart, number> {
+  const daemons = new Set<number>([env.tsbox.pid ?? 0, env.containerd.pid ?? 0]);
+  const podPids = new Set<number>();
+  for (const pod of pods) for (const pid of podProcesses(env, pod)) if (!daemons.has(pid)) podPids.add(pid);
+  let podsKiB = 0;
+  for (const pid of podPids) podsKiB += pssKiB(pid);
+  const tsbox = pssKiB(env.tsbox.pid ?? 0);
+  const containerd = pssKiB(env.containerd.pid ?? 0);
+  return { all: podsKiB + tsbox + containerd, pods: podsKiB, tsbox, containerd };
 }
 
 async function measureScale(env: PodEnv, handler: Handler): Promise<ScaleFigures> {
@@ -285,21 +293,26 @@ async function measureScale(env: PodEnv, handler: Handler): Promise<ScaleFigures
     pssKiB: pssKiB(env.tsbox.pid ?? 0),
     fds: fdCount(env.tsbox.pid ?? 0),
   });
-  const figures: ScaleFigures = { memory: [], fds: [], daemon: [] };
+  const figures: ScaleFigures = { memory: [], parts: { pods: [], tsbox: [], containerd: [] }, fds: [], daemon: [] };
+  const sample = (held: number, pods: readonly Pod[]): void => {
+    const node = nodeKiB(env, pods);
+    figures.memory.push([held, node.all]);
+    for (const part of NODE_PARTS) figures.parts[part].push([held, node[part]]);
+  };
   await settle();
   figures.daemon.push(daemonNow());
   const quarter = Math.max(1, Math.floor(SCALE_PODS / 4));
   for (let cycle = 0; cycle < 2; cycle++) {
     const pods: Pod[] = [];
     if (cycle === 0) {
-      figures.memory.push([0, nodeKiB(env, pods)]);
+      sample(0, pods);
       figures.fds.push([0, figures.daemon[0]?.fds ?? 0]);
     }
     for (let i = 0; i < SCALE_PODS; i++) {
       pods.push(await startPod(env, handler, `scale-${handler}-${cycle}-${i}`));
       if (cycle === 0 && (i + 1) % quarter === 0) {
         await settle();
-        figures.memory.push([i + 1, nodeKiB(env, pods)]);
+        sample(i + 1, pods);
         figures.fds.push([i + 1, daemonNow().fds]);
       }
     }
@@ -422,6 +435,9 @@ async function main(): Promise<void> {
       return `${slope.toFixed(1)} (R² ${r2.toFixed(3)})`;
     };
     scaleRows.push([`node memory per pod held, slope over ${SCALE_PODS} pods, KiB`, ...order.map((h) => cell(h, (x) => line(x.memory)))]);
+    for (const [part, label] of [['pods', "the pods' processes"], ['tsbox', 'tsbox'], ['containerd', 'containerd']] as const) {
+      scaleRows.push([`  of which ${label}, slope, KiB`, ...order.map((h) => (part === 'tsbox' && h === RUNC_HANDLER ? '–' : cell(h, (x) => line(x.parts[part]))))]);
+    }
     scaleRows.push([`tsbox's descriptors per pod held, slope`, ...order.map((h) => (h === RUNC_HANDLER ? '–' : cell(h, (x) => line(x.fds))))]);
     const change = (x: ScaleFigures, i: number, k: 'pssKiB' | 'fds'): string => {
       const a = x.daemon[0];
