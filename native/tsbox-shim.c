@@ -34,10 +34,10 @@
  *                   [--cwd DIR] [--sysctl KEY=VALUE]... [--shm PATH --shm-size BYTES]
  *                   [--log FILE] [--task-socket PATH --link PATH [--relay-log FILE]
  *                   [--relay-log-max-bytes N]] [-- ARGV...]
- * Without ARGV the sandbox process is a built-in pause that sleeps until it is
- * signalled, reaps every orphan the pod's containers leave to it (it is pid 1
- * of the pod's pid namespace), and exits 0 on SIGTERM or SIGINT, as the
- * Kubernetes pause does. Each namespace named by --unshare is the sandbox's
+ * Without ARGV the sandbox process is the pause (tsbox-pause beside this program,
+ * native/pause.c), which sleeps until it is signalled, reaps every orphan the pod's
+ * containers leave to it (it is pid 1 of the pod's pid namespace), and exits 0 on
+ * SIGTERM or SIGINT, as the Kubernetes pause does. Each namespace named by --unshare is the sandbox's
  * own; the others are the host's (a pod's NODE namespace modes). Sysctls are
  * written inside the sandbox's namespaces, before its process runs.
  *
@@ -192,33 +192,22 @@ static void child_fail(const char *fmt, ...) {
   _exit(127);
 }
 
-static void on_stop_signal(int sig) { _exit(sig == SIGTERM || sig == SIGINT ? 0 : 128 + sig); }
+/* The pause (native/pause.c), beside this program: what a sandbox without a command runs. */
+static char pause_path[PATH_MAX];
 
-/* As pid 1 of the pod, the pause process inherits every orphan: reap them all. */
-static void on_child(int sig) {
-  (void)sig;
-  int saved = errno;
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  errno = saved;
-}
-
-/* The built-in pause's handlers; in the sandbox process, before it tells the shim it runs. */
-static void install_pause_handlers(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0) child_fail("sigaction SIGTERM/SIGINT: %s", strerror(errno));
-  struct sigaction sc;
-  memset(&sc, 0, sizeof sc);
-  sc.sa_handler = on_child;
-  sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  if (sigaction(SIGCHLD, &sc, NULL) < 0) child_fail("sigaction SIGCHLD: %s", strerror(errno));
-}
-
-static void pause_forever(void) {
-  on_child(SIGCHLD);
-  for (;;) pause();
+/* Finds the pause program beside this one (/proc/self/exe: the supervisor's own file, whatever
+   name it was run by); a start without it fails before anything runs. */
+static void find_pause(void) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n < 0) sv_fail("readlink /proc/self/exe: %s", strerror(errno));
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash == NULL) sv_fail("/proc/self/exe is not a path: %s", self);
+  *slash = '\0';
+  int len = snprintf(pause_path, sizeof pause_path, "%s/%s", self, PAUSE_NAME);
+  if (len < 0 || (size_t)len >= sizeof pause_path) sv_fail("the pause's path %s/%s is too long", self, PAUSE_NAME);
+  if (access(pause_path, X_OK) < 0) sv_fail("the pause program %s: %s", pause_path, strerror(errno));
 }
 
 /* Writes VALUE to /proc/sys/KEY (dots become slashes); returns errno or 0. */
@@ -900,13 +889,15 @@ static void run_sandbox(int logfd) {
   if (sigemptyset(&none) < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0) child_fail("sigprocmask: %s", strerror(errno));
   if (sv_set_signals(sv_detached_signals, SIG_DFL) < 0) child_fail("signal: %s", strerror(errno));
   if (opt.cmd == NULL) {
-    install_pause_handlers();
-    /* No exec closes what the supervisor had open (the pod's sockets among them): the pause
-       keeps only its stdio and, until it runs, the error pipe. */
+    /* The pause keeps only its stdio and, until it runs, the error pipe (the pod's sockets are
+       close-on-exec; nothing else is left to it either). The exec closes the error pipe, which
+       tells the shim the sandbox runs. */
     if (close_from(STDERR_FILENO + 1, (unsigned)errpipe_fd) < 0) child_fail("close_range: %s", strerror(errno));
-    /* Nothing to exec: closing the pipe tells the shim the sandbox runs. */
-    if (close(errpipe_fd) < 0) child_fail("close: %s", strerror(errno));
-    pause_forever();
+    /* It names the sandbox's directory, as the supervisor does: ps tells whose pause it is. */
+    char *const argv[] = {(char *)PAUSE_NAME, (char *)dir, NULL};
+    char *const envp[] = {NULL};
+    execve(pause_path, argv, envp);
+    child_fail("start the pause %s: %s", pause_path, strerror(errno));
   }
   if (chdir(opt.cwd) < 0) child_fail("chdir %s: %s", opt.cwd, strerror(errno));
   execvp(opt.cmd[0], opt.cmd);
@@ -1140,6 +1131,7 @@ int main(int argc, char **argv) {
     if (opt.shm_size == NULL || *end != '\0' || shm_bytes == 0) sv_fail("--shm needs --shm-size BYTES");
   }
 
+  if (opt.cmd == NULL) find_pause();
   /* The shim must outlive terminals and tsbox itself; stray signals must not end it. */
   if (sv_set_signals(sv_detached_signals, SIG_IGN) < 0) sv_fail("signal: %s", strerror(errno));
   if (chdir("/") < 0) sv_fail("chdir /: %s", strerror(errno));

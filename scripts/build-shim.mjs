@@ -77,6 +77,10 @@ if (current !== contract) {
 const mtime = (p) => { try { return statSync(p).mtimeMs; } catch { return -1; /* absent */ } };
 // Every header (native/supervise.h, native/relay.h) counts for every binary, and so do the flags here.
 const inputs = [fileURLToPath(import.meta.url), contractHeader, ...readdirSync(native).filter((name) => name.endsWith('.h')).map((name) => join(native, name))];
+// The pause (native/pause.c) is a program of its own, with no C library: a pod holds one for its
+// whole life, and it costs a stack page (see that file). Both builds hold the same one.
+const pause = { name: 'tsbox-pause', source: join(native, 'pause.c') };
+const pauseFlags = ['-O2', '-static', '-nostdlib', '-ffreestanding', '-fno-builtin', '-fno-tree-loop-distribute-patterns', '-fno-stack-protector', '-fno-asynchronous-unwind-tables'];
 const program = 'tsbox-shim';
 const sources = ['tsbox-shim.c', 'relay.c', 'tsbox-ctr.c', 'supervise.c'].map((source) => join(native, source));
 // The names the program also answers to (native/holder.h), links to it in the same directory.
@@ -92,6 +96,10 @@ for (const [dir, flags] of Object.entries(builds)) {
   if (mtime(out) < Math.max(...[...sources, ...inputs].map(mtime))) {
     mkdirSync(dirname(out), { recursive: true });
     execFileSync(cc, [...flags, '-I', generated, '-o', out, ...sources], { stdio: 'inherit' });
+  }
+  const pauseOut = join(root, 'dist', dir, pause.name);
+  if (mtime(pauseOut) < Math.max(mtime(pause.source), ...inputs.map(mtime))) {
+    execFileSync(cc, [...pauseFlags, ...warnings, '-o', pauseOut, pause.source], { stdio: 'inherit' });
   }
   for (const alias of aliases) {
     const link = join(root, 'dist', dir, alias);

@@ -5,6 +5,7 @@
 //     dist/src/…           the compiled program
 //     dist/bin/tsbox-shim  the per-sandbox supervisor
 //     dist/bin/tsbox-ctr   the per-container holder of the Task API route (a link to tsbox-shim)
+//     dist/bin/tsbox-pause the sandbox process of a pod without a command
 //     node_modules/…       production dependencies only
 //     package.json, README.md, VERSION
 // Needs nothing on the node but libc (Node links only glibc's libraries). Options:
@@ -24,7 +25,7 @@ const name = `tsbox-${pkg.version}`;
 const stage = join(out, 'stage');
 const top = join(stage, name);
 
-for (const required of ['dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsbox-ctr']) {
+for (const required of ['dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsbox-ctr', 'dist/bin/tsbox-pause']) {
   if (!existsSync(join(root, required))) {
     console.error(`release: ${required} is missing: run "npm run build" first (npm run release does)`);
     process.exit(1);

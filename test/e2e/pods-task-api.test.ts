@@ -84,7 +84,7 @@ describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { 
       assert.equal(cmdline(), 'sleep 100000', 'ContainerStatus names the container\'s own process');
 
       // In the pod's namespaces, with pid 1 the sandbox process.
-      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
+      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /^tsbox-pause \/.*\/sandboxes\/k8s\.io\/[0-9a-f]{64} $/);
       assert.match(await sh(c1, 'ps -o pid,args'), /sleep 100000/, 'c1 sees c2\'s process');
       const ns = async (c: string): Promise<string> => sh(c, 'for n in net ipc uts pid; do readlink /proc/self/ns/$n; done');
       assert.equal(await ns(c1), await ns(c2));

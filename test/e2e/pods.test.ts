@@ -64,7 +64,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       assert.equal((await containerState(c2)).state, 'CONTAINER_RUNNING');
 
       // The pod's pid namespace: pid 1 is tsbox's sandbox process, and each container sees the other.
-      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/);
+      assert.match(await sh(c1, 'cat /proc/1/cmdline | tr "\\0" " "'), /^tsbox-pause \/.*\/sandboxes\/k8s\.io\/[0-9a-f]{64} $/, "pid 1 of the pod is tsbox's pause");
       assert.match(await sh(c1, 'ps -o pid,args'), /sleep 100000/, 'c1 sees c2\'s process');
       const ns = async (c: string): Promise<string> => sh(c, 'for n in net ipc uts pid; do readlink /proc/self/ns/$n; done');
       const [ns1, ns2] = [await ns(c1), await ns(c2)];
@@ -295,7 +295,7 @@ describe('pods with containers on tsbox (CRI, runc shim)', { timeout: 600_000 },
       const c2 = await startContainer(id2, own, 'main', 'exec sleep 100000', {
         linux: { security_context: { namespace_options: { network: 'NODE', pid: 'CONTAINER', ipc: 'POD' } } },
       });
-      assert.doesNotMatch(await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-shim/, 'pid CONTAINER: the container is its own pid 1');
+      assert.doesNotMatch(await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "'), /tsbox-pause/, 'pid CONTAINER: the container is its own pid 1');
       assert.equal((await sh(c2, 'cat /proc/1/cmdline | tr "\\0" " "')).trim(), 'sleep 100000');
       await removePod(id2, [c2]);
       await assertNothingLeft(id2, [c2]);

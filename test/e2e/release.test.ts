@@ -56,7 +56,7 @@ describe('the release artifact, unpacked on a fresh directory', () => {
   });
 
   test('holds the program, the supervisor, production modules only, and its own Node', () => {
-    for (const f of ['bin/tsbox', 'bin/node', 'dist/src/main.js', 'dist/bin/tsbox-shim', 'node_modules/@grpc/grpc-js/package.json', 'node_modules/commander/package.json', 'VERSION']) {
+    for (const f of ['bin/tsbox', 'bin/node', 'dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsbox-pause', 'node_modules/@grpc/grpc-js/package.json', 'node_modules/commander/package.json', 'VERSION']) {
       assert.ok(existsSync(path.join(home, f)), f);
     }
     for (const dev of ['typescript', 'eslint', 'ts-proto', '@bufbuild/buf']) assert.ok(!existsSync(path.join(home, 'node_modules', dev)), `no dev dependency ${dev}`);
@@ -109,7 +109,7 @@ describe('the release artifact, unpacked on a fresh directory', () => {
       );
       await pods.cri.call('StartContainer', { container_id: c }, { timeoutMs: 60_000 });
       const out = await pods.cri.call('ExecSync', { container_id: c, cmd: ['cat', '/etc/resolv.conf', '/proc/1/cmdline'], timeout: 20 });
-      assert.match(Buffer.from(out.stdout).toString('utf8'), /^nameserver 127\.0\.0\.53\n.*tsbox-shim/s);
+      assert.match(Buffer.from(out.stdout).toString('utf8'), /^nameserver 127\.0\.0\.53\n.*tsbox-pause/s);
       await pods.cri.call('StopContainer', { container_id: c, timeout: 0 }, { timeoutMs: 60_000 });
       await pods.cri.call('RemoveContainer', { container_id: c }, { timeoutMs: 60_000 });
       await pods.cri.call('StopPodSandbox', { pod_sandbox_id: id }, { timeoutMs: 60_000 });

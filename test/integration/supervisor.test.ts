@@ -9,7 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -83,6 +83,35 @@ describe('a supervisor whose mounts fail', () => {
       }
     });
   }
+});
+
+describe('a supervisor without its pause', () => {
+  test('Start fails naming the pause program it looked for, and leaves nothing; the daemon serves on', async () => {
+    // The supervisor alone, copied where no tsbox-pause is beside it (it is a static program).
+    const scratch = mkdtempSync(path.join(os.tmpdir(), 'tsbox-no-pause-'));
+    const shim = path.join(scratch, 'tsbox-shim');
+    execFileSync('cp', [tsboxShim, shim]);
+    const daemon = await startSandboxerDaemon(tsboxSandboxer({ args: ['--shim-path', shim] }), { label: 'tsbox-no-pause-' });
+    const ns = uniqueNamespace('no-pause');
+    try {
+      await withLog(daemon, async () => {
+        const client = daemon.client(ns);
+        daemon.track(ns, 'lonely');
+        await client.create({ sandboxId: 'lonely', sandbox: { sandboxId: 'lonely', runtime: { name: 'io.containerd.tsbox.v1' } } });
+        const err = await expectCode(client.start({ sandboxId: 'lonely' }, { timeoutMs: 10_000 }), GrpcStatus.FAILED_PRECONDITION);
+        const expected = `the pause program ${path.join(scratch, 'tsbox-pause')}: No such file or directory`;
+        assert.ok(err.details.includes(expected), `"${err.details}" should say "${expected}"`);
+        const left = sandboxProcesses(daemon.stateDir, ns, 'lonely');
+        assert.deepEqual([...left.supervisors, ...left.sandbox], [], 'processes left by the failed Start');
+        for (const cgroup of sandboxCgroupDirs(ns, 'lonely')) assert.equal(existsSync(cgroup), false, `${cgroup} left behind`);
+        await client.shutdown({ sandboxId: 'lonely' }, { timeoutMs: 5000 });
+        await expectCode(client.status({ sandboxId: 'lonely' }), GrpcStatus.NOT_FOUND);
+      });
+    } finally {
+      await daemon.teardown();
+      rmSync(scratch, { recursive: true, force: true });
+    }
+  });
 });
 
 /** The namespace a process is in, as /proc/PID/ns/KIND names it ("pid:[4026531836]"). */
@@ -165,6 +194,8 @@ describe('the supervisor outside its pod', () => {
     assert.equal(nsOf(sandbox, 'net'), `net:[${statSync(netns).ino}]`, 'the sandbox joined the pod\'s network namespace');
     assert.match(readFileSync(`/proc/${sandbox}/status`, 'utf8'), new RegExp(`^NSpid:\\t${sandbox}\\t1$`, 'm'), 'the sandbox is pid 1 of its namespace');
     assert.equal(procInfo(sandbox)?.ppid, supervisor, 'the sandbox process is the supervisor\'s child');
+    assert.equal(path.basename(readlinkSync(`/proc/${sandbox}/exe`)), 'tsbox-pause', 'the sandbox process is the pause program');
+    assert.deepEqual(readdirSync(`/proc/${sandbox}/fd`).sort(), ['0', '1', '2'], 'the pause holds its stdio alone (none of the pod\'s sockets)');
     const relative = (cgroup: string): string => `/${path.relative(hierarchy, cgroup)}`;
     assert.equal(cgroupOf(sandbox, 'pids'), relative(podCgroup), 'the sandbox is in the pod\'s cgroup');
     assert.equal(cgroupOf(supervisor, 'pids'), relative(homeCgroup), 'the supervisor left the pod\'s cgroup for its home');

@@ -190,8 +190,8 @@ export function sandboxProcesses(stateDir: string, namespace: string, id: string
   const dir = path.join(stateDir, 'sandboxes', namespace, id);
   const cgroup = `/tsbox/${sandboxCgroupName(namespace, id)}`;
   const pids = listPids().filter((pid) => pid !== process.pid);
-  // A supervisor names the directory on its command line, and so does the built-in pause
-  // process, a fork of it. The supervisor is the one whose parent does not name it, unless
+  // A supervisor names the directory on its command line, and so does the pause (its one
+  // argument), the supervisor's child. The supervisor is the one whose parent does not name it, unless
   // the pid file names it as the sandbox's (a pause process whose supervisor was killed).
   const naming = pids.filter((pid) => cmdlineOf(pid).includes(dir) && live(pid));
   const recorded = readPidFile(dir)?.pid;
