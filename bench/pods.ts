@@ -181,7 +181,8 @@ function processKind(pid: number): string {
   try {
     const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
     const program = path.basename(argv[0] ?? '?');
-    return program.startsWith('tsbox-') && argv[1] !== undefined && !argv[1].startsWith('-') ? `${program} ${argv[1]}` : program;
+    // A mode is a word (tsbox-ctr create, tsbox-shim serve); options and paths are not.
+    return program.startsWith('tsbox-') && argv[1] !== undefined && /^[a-z-]+$/.test(argv[1]) && !argv[1].startsWith('-') ? `${program} ${argv[1]}` : program;
   } catch {
     return 'gone'; // ended meanwhile: its PSS read 0 too
   }
