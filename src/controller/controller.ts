@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { TsboxError, messageOf } from '../base/errors.js';
+import { TsboxError, allOrFirstError, messageOf } from '../base/errors.js';
 import { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
 import { SerialQueue } from '../base/serial-queue.js';
 import { MAX_TIMER_MS, msOf, systemClock, systemSchedule, timestampOf, type Clock, type Schedule } from './clock.js';
@@ -401,30 +401,40 @@ export class Controller {
       if (sandbox.state === 'removed') return;
       const t1 = performance.now();
       times['turnMs'] = roundMs(t1 - t0);
-      // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6).
-      await this.#backend.teardown(sandbox.spec, 'stop');
-      times['teardownMs'] = roundMs(performance.now() - t1);
-      if (sandbox.state === 'created') {
-        await this.#exitUnstarted(sandbox, 'stopped before it was started');
-      } else if (sandbox.state === 'running' && sandbox.running === undefined) {
-        await this.#exitUnknown(sandbox, signal);
-      } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
-        if (timeoutSeconds === 0) {
-          sandbox.log.info('killing sandbox');
-          await this.#backend.kill(sandbox.running, signal);
-        } else {
-          await this.#keepKillDeadline(sandbox, msOf(this.#clock()) + timeoutSeconds * 1000);
-          sandbox.log.info({ timeoutSeconds, killAt: new Date(msOf(sandbox.record.killAt ?? this.#clock())).toISOString() }, 'stopping sandbox');
-          await this.#backend.terminate(sandbox.running);
-        }
-        this.#crash('stop:after-kill');
-      }
+      // Like podsandbox's Stop: the pod's files and mounts go first of all (SPEC.md section 6),
+      // begun before the sandbox is signalled and done within the Stop's turn; the kill does not
+      // wait for them (they are the host's mounts and files, which the sandbox does not hold),
+      // and a failure among them fails the Stop once the sandbox has been signalled.
+      const files = this.#backend.teardown(sandbox.spec, 'stop').then(() => {
+        times['teardownMs'] = roundMs(performance.now() - t1);
+      });
+      // Both settle; the signal's own failure, if any, is the one told.
+      await allOrFirstError([this.#signalToStop(sandbox, timeoutSeconds, signal), files]);
     });
     const t2 = performance.now();
-    times['signalMs'] = roundMs(t2 - t0) - (times['turnMs'] ?? 0) - (times['teardownMs'] ?? 0);
+    times['signalMs'] = roundMs(t2 - t0) - (times['turnMs'] ?? 0);
     if (sandbox.state !== 'removed') await this.#waitExit(sandbox, signal);
     times['exitMs'] = roundMs(performance.now() - t2);
     return times;
+  }
+
+  /** What a Stop does to the sandbox in its turn, by its state: record the exit, kill, or terminate and arm the kill. */
+  async #signalToStop(sandbox: Sandbox, timeoutSeconds: number, signal: CallSignal): Promise<void> {
+    if (sandbox.state === 'created') {
+      await this.#exitUnstarted(sandbox, 'stopped before it was started');
+    } else if (sandbox.state === 'running' && sandbox.running === undefined) {
+      await this.#exitUnknown(sandbox, signal);
+    } else if (sandbox.state === 'running' && sandbox.running !== undefined) {
+      if (timeoutSeconds === 0) {
+        sandbox.log.info('killing sandbox');
+        await this.#backend.kill(sandbox.running, signal);
+      } else {
+        await this.#keepKillDeadline(sandbox, msOf(this.#clock()) + timeoutSeconds * 1000);
+        sandbox.log.info({ timeoutSeconds, killAt: new Date(msOf(sandbox.record.killAt ?? this.#clock())).toISOString() }, 'stopping sandbox');
+        await this.#backend.terminate(sandbox.running);
+      }
+      this.#crash('stop:after-kill');
+    }
   }
 
   /**

@@ -553,12 +553,22 @@ export class ProcessBackend implements RuntimeBackend {
       return;
     }
     const log = this.#log.child({ ns: spec.namespace, id: spec.id });
+    const key = `${spec.namespace}/${spec.id}`;
     await this.#opts.taskApi?.removeTasks(spec.namespace, spec.id);
-    await this.#endServing(spec);
-    this.#opts.taskApi?.formerPod(`${spec.namespace}/${spec.id}`, false);
-    await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
-    await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
-    await podFiles?.remove(spec.id);
+    // A pod whose own process served its tasks had no runc shim: containerd was told that
+    // process's socket and started none. Any other pod's shim is looked for and ended.
+    const servedItself = this.#serving.has(key);
+    // The pod's process or shim, and the pod's files, side by side: neither holds the other.
+    await allOrFirstError([
+      (async () => {
+        await this.#endServing(spec);
+        this.#opts.taskApi?.formerPod(key, false);
+        if (servedItself) return;
+        await stopPodShims(spec.namespace, spec.id, log, { containerdAddress: this.#opts.containerdAddress });
+        await removeStaleShimSockets(this.#opts.containerdAddress, spec.namespace, spec.id, log);
+      })(),
+      podFiles?.remove(spec.id) ?? Promise.resolve(),
+    ]);
   }
 
   async updateResources(spec: LaunchSpec, sandbox: RunningSandbox, limits: Resources): Promise<void> {

@@ -213,6 +213,8 @@ export class FakeBackend implements RuntimeBackend {
   releaseError: Error | undefined;
   /** When set, abandon() throws it. */
   abandonError: Error | undefined;
+  /** When set, teardown() at Stop ('stop') throws it. */
+  stopTeardownError: Error | undefined;
   /** When set, kill() throws it (processes that outlive SIGKILL) and the sandbox keeps running. */
   killError: Error | undefined;
   readonly #startFailures: Error[] = [];
@@ -287,6 +289,7 @@ export class FakeBackend implements RuntimeBackend {
 
   teardown(spec: LaunchSpec, stage: TeardownStage): Promise<void> {
     this.teardowns.push(`${keyOf(spec.namespace, spec.id)} ${stage}`);
+    if (stage === 'stop' && this.stopTeardownError !== undefined) return Promise.reject(this.stopTeardownError);
     return Promise.resolve();
   }
 

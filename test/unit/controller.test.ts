@@ -421,6 +421,18 @@ describe('Stop', () => {
     assert.equal(exit.status, KILLED_STATUS);
   });
 
+  test("Stop whose pod files cannot be removed still kills the sandbox, then fails with the files' error; a Stop again succeeds", async () => {
+    const { backend, controller } = setup();
+    await createAndStart(controller);
+    backend.stopTeardownError = new TsboxError('Internal', 'umount /dev/shm: device or resource busy');
+    await assert.rejects(controller.stop(NS, ID, 0, noDeadline()), /umount \/dev\/shm: device or resource busy/);
+    assert.deepEqual(backend.sandbox(NS, ID).signals, ['SIGKILL'], 'the sandbox was killed all the same');
+    assert.equal((await waitExit(controller, NS, ID, noDeadline())).status, KILLED_STATUS);
+    backend.stopTeardownError = undefined;
+    await controller.stop(NS, ID, 0, noDeadline());
+    assert.deepEqual(backend.teardowns, [`${keyOf(NS, ID)} stop`, `${keyOf(NS, ID)} stop`], 'the files were tried again');
+  });
+
   test('Stop answers only once CRI no longer counts a container of the pod as running', async () => {
     const asked: { namespace: string; id: string; signal: CallSignal }[] = [];
     const criDone = new Gate();
