@@ -3,7 +3,7 @@
  * in native/tsbox-shim.c, relay mode), with a ttrpc server behind the relay as tsbox sits behind
  * it (test/support/ttrpc-test-server.ts --link), each in a process of its own: garbage,
  * oversized frames, floods from peers that never read, frames left half-sent, thousands of idle
- * connections. After each, a fresh client is answered within FRESH_CALL_MS and the long-lived
+ * connections. After each, a fresh client is answered within FRESH_CALL_MS (test/support/ttrpc-attack.ts) and the long-lived
  * client (containerd's connection, holding a call the whole time) at once; the relay's RSS
  * stays under RSS_BOUND_MIB and its descriptors come back to the baseline. A connection that
  * closes with calls held has them ended in the server behind the relay (the relay tells it:
@@ -26,8 +26,6 @@ import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame 
 import { openMany } from '../support/raw-socket.js';
 
 /** The relay's RSS bound during every attack; idle the pod's process is about 1 MiB. */
-const RSS_BOUND_MIB = 256;
-const FRESH_CALL_MS = 1000;
 const CONNECT_BATCH = 250;
 const MiB = 1024 * 1024;
 
@@ -80,20 +78,8 @@ describe('hostile peers on a pod\'s relay', () => {
     await removeTree(dir);
   });
 
-  const target: AttackTarget = {
-    label: 'relay ',
-    get socketPath() {
-      return socketPath;
-    },
-    pid: () => relayPid(),
-    baselineFds: () => baselineFds,
-    connectionBound: MAX_CONNECTIONS,
-    rssBoundMiB: RSS_BOUND_MIB,
-    freshCallMs: FRESH_CALL_MS,
-    longLived: () => longLived,
-    heldSettled: () => heldSettled,
-  };
-  const probe = (): Promise<number> => freshEcho(target);
+  const target: AttackTarget = { label: 'relay ', connectionBound: MAX_CONNECTIONS, now: () => ({ socketPath, pid: relayPid(), baselineFds, longLived, heldSettled }) };
+  const probe = (): Promise<number> => freshEcho(socketPath);
   const attack = (name: string, run: () => Promise<void>): Promise<void> => underAttack(target, name, run);
 
   test('garbage and oversized frames: the connection is closed at once', () =>

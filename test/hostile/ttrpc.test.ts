@@ -2,7 +2,7 @@
  * Hostile and broken peers on a ttrpc socket (src/ttrpc/server.ts), against a server in a
  * process of its own (test/support/ttrpc-test-server.ts): garbage, oversized frames, floods
  * from peers that never read, frames left half-sent, thousands of idle connections. After each,
- * the server must still answer a fresh client within FRESH_CALL_MS and the long-lived client
+ * the server must still answer a fresh client within FRESH_CALL_MS (test/support/ttrpc-attack.ts) and the long-lived client
  * (containerd's connection, holding a call the whole time) at once; its RSS must have stayed
  * under RSS_BOUND_MIB all along, and its descriptors must be back to the baseline once the
  * attacker is gone.
@@ -21,9 +21,7 @@ import { RawTtrpc, TEST_SERVICE, floodWithoutReading, frameHeader, requestFrame 
 import { openMany } from '../support/raw-socket.js';
 
 /** The server's RSS bound during every attack; idle it is about 60 MiB. */
-const RSS_BOUND_MIB = 256;
 /** A fresh client's Echo is answered within this while an attack runs, and after it (the goal). */
-const FRESH_CALL_MS = 1000;
 /** The connection bound the server sets with this machine's descriptor limit (src/transport/limits.ts). */
 const CONNECTION_BOUND = 256;
 /** Connections an attacker opens at once. */
@@ -74,20 +72,8 @@ describe('hostile peers on a ttrpc socket', () => {
     await removeTree(dir);
   });
 
-  const target: AttackTarget = {
-    label: '',
-    get socketPath() {
-      return socketPath;
-    },
-    pid: () => pid(),
-    baselineFds: () => baselineFds,
-    connectionBound: CONNECTION_BOUND,
-    rssBoundMiB: RSS_BOUND_MIB,
-    freshCallMs: FRESH_CALL_MS,
-    longLived: () => longLived,
-    heldSettled: () => heldSettled,
-  };
-  const probe = (): Promise<number> => freshEcho(target);
+  const target: AttackTarget = { label: '', connectionBound: CONNECTION_BOUND, now: () => ({ socketPath, pid: pid(), baselineFds, longLived, heldSettled }) };
+  const probe = (): Promise<number> => freshEcho(socketPath);
   const attack = (name: string, run: () => Promise<void>): Promise<void> => underAttack(target, name, run);
 
   test('garbage: each connection gets its error answers and is closed once its bogus frame cannot arrive', () =>
