@@ -36,6 +36,7 @@ import { parseArgs } from 'node:util';
 import type { PodSandboxConfig } from '../test/support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../test/support/images.js';
 import { type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, podShimSocket, runcShimsOf, startPodEnv } from '../test/support/pod-env.js';
+import { containerHolders } from '../test/support/host.js';
 
 const { values } = parseArgs({
   options: {
@@ -141,19 +142,11 @@ function pidsInCgroup(prefix: string): number[] {
   return out;
 }
 
-/** The holders (tsbox-ctr) of a container, by the id on their command line. */
+/** The holders (tsbox-ctr) of a container. */
 function holdersOf(container: string): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-      if ((argv[0] ?? '').endsWith('tsbox-ctr') && argv[argv.indexOf('--id') + 1] === container) out.push(Number(entry));
-    } catch {
-      // ended meanwhile
-    }
-  }
-  return out;
+  return containerHolders()
+    .filter((h) => h.id === container)
+    .map((h) => h.pid);
 }
 
 

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { createSandboxClients } from '../support/containerd-clients.js';
 import { type CriStream, openCriStream } from '../support/cri-stream.js';
-import { cgroupNode } from '../support/host.js';
+import { cgroupNode, containerHolders } from '../support/host.js';
 import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, runcShimsOf, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
 import { createSandboxerDaemon, tsboxMain, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 import { stateLayout } from '../../src/state/layout.js';
@@ -20,19 +20,7 @@ import { stateLayout } from '../../src/state/layout.js';
 const CRI_NS = 'k8s.io';
 
 /** The container holders (tsbox-ctr) running now, by the container id on their command line. */
-function holders(): string[] {
-  const out: string[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-      if (path.basename(argv[0] ?? '') === 'tsbox-ctr') out.push(argv[argv.indexOf('--id') + 1] ?? '?');
-    } catch {
-      continue; // the process ended meanwhile
-    }
-  }
-  return out;
-}
+const holders = (): string[] => containerHolders().map((h) => h.id);
 
 describe('pods whose containers tsbox runs (CRI, Task API v3, no runc shim)', { timeout: 600_000 }, () => {
   // containerd's state dir on a tmpfs, as /run/containerd on a node: the tasks' files below it

@@ -15,14 +15,15 @@
  * One pod environment and one pod for the whole matrix, a container per point.
  */
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
 import { TASK_CRASH_POINTS, type TaskCrashPoint } from '../../src/tasks/tasks.js';
 import type { CriContainerConfig, PodSandboxConfig } from '../support/containerd-clients.js';
 import { BUSYBOX_IMAGE } from '../support/images.js';
-import { type PodEnv, TSBOX_TASK_HANDLER, containerLeftovers, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
+import { type PodEnv, TSBOX_TASK_HANDLER, containerLeftovers, containerState as criContainerState, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
+import { containerHolders } from '../support/host.js';
 import { processAlive, waitFor } from '../support/tsbox-daemon.js';
 import { within } from '../support/processes.js';
 
@@ -69,12 +70,7 @@ describe('kill -9 of tsbox at each crash point of the task table, under real CRI
     pod = await runPod(podConfig, TSBOX_TASK_HANDLER);
   });
 
-  async function containerState(id: string): Promise<{ state: string; exitCode: number; pid: number }> {
-    const { status, info } = await env.cri.call('ContainerStatus', { container_id: id, verbose: true });
-    assert.ok(status);
-    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
-    return { state: status.state, exitCode: status.exit_code, pid };
-  }
+  const containerState = (id: string): ReturnType<typeof criContainerState> => criContainerState(env, id);
 
   /** CreateContainer, as kubelet calls it: retried while CRI's channel to a restarted tsbox redials. */
   async function createContainer(name: string): Promise<string> {
@@ -126,20 +122,8 @@ describe('kill -9 of tsbox at each crash point of the task table, under real CRI
     return outcome.value;
   }
 
-  /** The holders (tsbox-ctr) running for a container, by the id on their command line. */
-  function holdersOf(id: string): number[] {
-    const out: number[] = [];
-    for (const entry of readdirSync('/proc')) {
-      if (!/^\d+$/.test(entry)) continue;
-      try {
-        const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-        if (path.basename(argv[0] ?? '') === 'tsbox-ctr' && argv[argv.indexOf('--id') + 1] === id) out.push(Number(entry));
-      } catch {
-        continue; // ended meanwhile
-      }
-    }
-    return out;
-  }
+  /** The holders (tsbox-ctr) running for a container. */
+  const holdersOf = (id: string): number[] => containerHolders().filter((h) => h.id === id).map((h) => h.pid);
 
   /** One holder for the running container, its init's: the crash left no second one (an exec's holder goes with its process). */
   async function assertOneHolder(id: string): Promise<void> {

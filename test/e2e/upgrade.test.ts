@@ -14,7 +14,7 @@ import { taskDirs } from '../../src/tasks/serve.js';
 import { taskDirName } from '../../src/tasks/task-record.js';
 import { NODE_WIDE_FRONT_BUILD, formerBuild } from '../support/former-build.js';
 import { createSandboxClients } from '../support/containerd-clients.js';
-import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
+import { AWAIT_GO_AHEAD, GO_AHEAD, type PodEnv, TSBOX_HANDLER, TSBOX_TASK_HANDLER, containerState as criContainerState, untilCriAnswers, usePodEnv } from '../support/pod-env.js';
 import { tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
 
 const CRI_NS = 'k8s.io';
@@ -51,12 +51,7 @@ describe('upgrading tsbox with pods running', { timeout: 600_000 }, () => {
     env = harness.env;
   });
 
-  async function containerState(id: string): Promise<{ state: string; exitCode: number; pid: number }> {
-    const { status, info } = await env.cri.call('ContainerStatus', { container_id: id, verbose: true });
-    assert.ok(status);
-    const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
-    return { state: status.state, exitCode: status.exit_code, pid };
-  }
+  const containerState = (id: string): ReturnType<typeof criContainerState> => criContainerState(env, id);
 
   /** The task address tsbox gives containerd for the pod (Status on tsbox's own socket). */
   async function address(pod: string): Promise<string> {

@@ -61,6 +61,16 @@ export function listPids(): number[] {
     .map(Number);
 }
 
+/** The container holders (`tsbox-ctr`) running now: each one's pid and the container id on its command line. */
+export function containerHolders(): { readonly pid: number; readonly id: string }[] {
+  const out: { pid: number; id: string }[] = [];
+  for (const pid of listPids()) {
+    const argv = cmdlineOf(pid); // [] when it ended meanwhile
+    if (path.basename(argv[0] ?? '') === 'tsbox-ctr') out.push({ pid, id: argv[argv.indexOf('--id') + 1] ?? '?' });
+  }
+  return out;
+}
+
 /** The cgroup paths a process is in (one per hierarchy), e.g. `/tsbox/ns@id`. */
 export function cgroupPathsOf(pid: number): string[] {
   try {

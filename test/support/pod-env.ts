@@ -332,6 +332,14 @@ function leftoversNamed(names: readonly string[]): Omit<PodLeftovers, 'files'> {
   return { processes, mounts, cgroups: [...new Set(cgroups)] };
 }
 
+/** A container as CRI reports it (ContainerStatus, verbose): its state, exit code and process. */
+export async function containerState(env: PodEnv, id: string): Promise<{ state: string; exitCode: number; pid: number }> {
+  const { status, info } = await env.cri.call('ContainerStatus', { container_id: id, verbose: true });
+  assert.ok(status);
+  const pid = (JSON.parse(info['info'] ?? '{}') as { pid?: number }).pid ?? 0;
+  return { state: status.state, exitCode: status.exit_code, pid };
+}
+
 /**
  * Everything of pod `id` (and its containers `containerIds`) still on the host, found
  * without asking tsbox or containerd: processes whose command line, cgroup or mount namespace
