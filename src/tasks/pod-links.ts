@@ -113,12 +113,7 @@ export class PodLinks {
 
   /** Stops serving the pod (its process is being ended): its link closes, and is not opened again. */
   detach(key: string): void {
-    const link = this.#links.get(key);
-    if (link === undefined) return;
-    this.#links.delete(key);
-    link.detached = true;
-    clearTimeout(link.timer);
-    link.socket?.destroy();
+    this.#forget(key)?.socket?.destroy();
   }
 
   /**
@@ -127,15 +122,21 @@ export class PodLinks {
    * end on its way out), at once when there is none: the end of the process, told as it happens.
    */
   release(key: string): Promise<void> {
-    const link = this.#links.get(key);
-    if (link === undefined) return Promise.resolve();
-    this.#links.delete(key);
-    link.detached = true;
-    clearTimeout(link.timer);
-    if (link.socket === undefined || link.socket.destroyed) return Promise.resolve();
+    const link = this.#forget(key);
+    if (link?.socket === undefined || link.socket.destroyed) return Promise.resolve();
     return new Promise((resolve) => {
       link.onClosed = resolve;
     });
+  }
+
+  /** The pod's link, no longer kept nor opened again; undefined when there was none. */
+  #forget(key: string): Link | undefined {
+    const link = this.#links.get(key);
+    if (link === undefined) return undefined;
+    this.#links.delete(key);
+    link.detached = true;
+    clearTimeout(link.timer);
+    return link;
   }
 
   /** tsbox stops: no link is opened again (the server's close ends those open). */
