@@ -70,7 +70,7 @@ describe('supervised processes, by pid and start time', () => {
     assert.equal(await untilGone(member, boundOf(5_000, never())), true, 'its group went with it');
   });
 
-  test('a wait for its end is woken by an event that comes with it', async () => {
+  test('a wait for its end returns once it has ended, with an event given as its wake (what the wake saves is timed in test/unit/bound.test.ts)', async () => {
     const { child, pid } = await run('echo ready; exec sleep 1000');
     const id = await processIdOf(pid);
     assert.ok(id !== undefined);
