@@ -896,6 +896,12 @@ static void run_sandbox(int logfd) {
     /* It names the sandbox's directory, as the supervisor does: ps tells whose pause it is. */
     char *const argv[] = {(char *)PAUSE_NAME, (char *)dir, NULL};
     char *const envp[] = {NULL};
+    /* The signals the pause acts on are blocked across the exec (a mask survives it): one sent
+       as soon as the shim hears the sandbox runs waits for the pause, rather than killing it. */
+    sigset_t pause_set;
+    if (sigemptyset(&pause_set) < 0 || sigaddset(&pause_set, SIGTERM) < 0 || sigaddset(&pause_set, SIGINT) < 0 || sigaddset(&pause_set, SIGCHLD) < 0 ||
+        sigprocmask(SIG_BLOCK, &pause_set, NULL) < 0)
+      child_fail("sigprocmask for the pause: %s", strerror(errno));
     execve(pause_path, argv, envp);
     child_fail("start the pause %s: %s", pause_path, strerror(errno));
   }
