@@ -42,7 +42,7 @@ echo "==> control plane: tsbox (noop backend) vs goref, alternating" >&2
 # waitfanout holds N×W Waits on one connection: W=5 keeps them (5 000) under the 8 192 streams
 # tsbox allows on a connection (src/transport/limits.ts), past which grpc-go queues calls.
 ROUNDS="${ROUNDS:-3}" DURATION="${DURATION:-5s}" WARMUP="${WARMUP:-2s}" W="${W:-5}" OUT="$out/compare" \
-  B_LABEL=tsbox B_CMD="node $here/dist/src/main.js serve --socket {SOCK} --state-dir {DIR} --backend noop --log-level warn" \
+  B_LABEL=tsbox B_CMD="node --max-semi-space-size=1 $here/dist/src/main.js serve --socket {SOCK} --state-dir {DIR} --backend noop --log-level warn" \
   "$sbbench/compare.sh" > /dev/null
 
 echo "==> real work: process backend" >&2

@@ -60,7 +60,7 @@ ok=0
 # As an operator starts tsbox: containerd's config is the only containerd setting; tsbox takes
 # containerd's root, state and socket (all in the private containerd's work dir) from it.
 # By default the handler's pods' containers are run by tsbox itself (the Task API route).
-task_cmd="node dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
+task_cmd="node --max-semi-space-size=1 dist/src/main.js serve --socket {socket} --state-dir {state} --containerd-config {containerd_config}"
 # The version-2 route: the same, with no handler on the Task API (containerd's runc shim per pod).
 shim_cmd="$task_cmd --task-api-handlers ''"
 tsbox_cmd="$task_cmd"

@@ -31,6 +31,8 @@ for (const required of ['dist/src/main.js', 'dist/bin/tsbox-shim', 'dist/bin/tsb
     process.exit(1);
   }
 }
+// The daemon's Node flags (src/base/node-flags.ts), from the build being released.
+const { DAEMON_NODE_FLAGS } = await import(join(root, 'dist', 'src', 'base', 'node-flags.js'));
 
 rmSync(stage, { recursive: true, force: true });
 mkdirSync(join(top, 'bin'), { recursive: true });
@@ -61,7 +63,7 @@ writeFileSync(
   `#!/bin/sh
 # tsbox launcher: the Node runtime shipped beside it runs the program; nothing else needed.
 here=$(dirname "$(readlink -f "$0")")
-TSBOX_LAUNCHER="$here/tsbox" exec "$here/node" "$here/../dist/src/main.js" "$@"
+TSBOX_LAUNCHER="$here/tsbox" exec "$here/node" ${DAEMON_NODE_FLAGS.join(' ')} "$here/../dist/src/main.js" "$@"
 `,
   { mode: 0o755 },
 );

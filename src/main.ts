@@ -1,4 +1,4 @@
-#!/usr/bin/env node
+#!/usr/bin/env -S node --max-semi-space-size=1
 /**
  * The entry point: parses the command line, runs the command, wires SIGTERM/SIGINT to an
  * ordered shutdown, and is the only place that exits the process.

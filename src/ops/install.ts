@@ -12,6 +12,7 @@ import { isDeepStrictEqual } from 'node:util';
 import { parse as parseToml } from 'smol-toml';
 import type { Config } from '../config/config.js';
 import { messageOf } from '../base/errors.js';
+import { DAEMON_NODE_FLAGS } from '../base/node-flags.js';
 import { systemdIsInit } from '../runtime/systemd.js';
 import { EXIT, OperatorError } from './exit-codes.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
@@ -34,11 +35,11 @@ export interface InstallOptions {
   readonly output: Output;
 }
 
-/** The command line that runs this tsbox: the release's launcher, or node and main.js. */
+/** The command line that runs this tsbox: the release's launcher, or node (with the daemon's flags) and main.js. */
 function defaultExec(): string {
   const launcher = process.env['TSBOX_LAUNCHER'];
   if (launcher !== undefined && launcher !== '') return launcher;
-  return `${process.execPath} ${process.argv[1] ?? ''}`;
+  return [process.execPath, ...DAEMON_NODE_FLAGS, process.argv[1] ?? ''].join(' ');
 }
 
 /** systemd quoting of one word of an Exec line. */

@@ -13,6 +13,7 @@ import { type CommandResult, type Containerd, containerdUnavailableReason, runCo
 import { BUSYBOX_IMAGE } from '../support/images.js';
 import { TSBOX_HANDLER, podLeftovers, startPodEnv } from '../support/pod-env.js';
 import { type SandboxerDaemon, makeTempDir, processAlive, removeTree, startSandboxerDaemon, waitFor } from '../support/tsbox-daemon.js';
+import { DAEMON_NODE_FLAGS } from '../../src/base/node-flags.js';
 
 describe('the release artifact, unpacked on a fresh directory', () => {
   let dir = '';
@@ -72,6 +73,9 @@ describe('the release artifact, unpacked on a fresh directory', () => {
     assert.ok(d !== undefined && s !== undefined && s.pid !== undefined);
     // The daemon is the artifact's Node (env execs the launcher, which execs node).
     assert.equal(readlinkSync(`/proc/${s.pid}/exe`), path.join(home, 'bin', 'node'));
+    // With the daemon's Node flags (src/base/node-flags.ts): the launcher passes them.
+    const argv = readFileSync(`/proc/${s.pid}/cmdline`, 'utf8').split('\0');
+    for (const flag of DAEMON_NODE_FLAGS) assert.ok(argv.includes(flag), `${flag} in ${argv.join(' ')}`);
 
     const run = await tsbox(['sandbox', 'run', '--address', d.address, '-n', 'release', '--id', 'smoke']);
     assert.equal(run.code, 0, `${run.stdout}${run.stderr}`);

@@ -14,6 +14,7 @@ import { parse } from 'smol-toml';
 import { type CommandResult, runCommand } from '../support/containerd.js';
 import { makeTempDir, removeTree, tsboxMain, which } from '../support/tsbox-daemon.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
+import { DAEMON_NODE_FLAGS } from '../../src/base/node-flags.js';
 
 /** TOML as plain JSON data (smol-toml's tables have no prototype). */
 function parseToml(text: string): Record<string, unknown> {
@@ -54,8 +55,10 @@ describe('tsbox install and uninstall', () => {
 
     const unit = readFileSync(path.join(root, UNIT), 'utf8');
     for (const line of ['KillMode=process', 'Delegate=yes', 'Restart=on-failure', 'Type=exec']) assert.match(unit, new RegExp(`^${line}$`, 'm'));
-    assert.match(unit, /^ExecStart=\S+ \S+ serve --socket \/run\/tsbox\/custom\.sock .*--containerd-config \/etc\/containerd\/config\.toml /m, 'the unit names containerd\'s config, where tsbox reads containerd\'s paths');
-    assert.match(unit, /^ExecStartPost=\S+ \S+ ready --socket \/run\/tsbox\/custom\.sock /m);
+    // The daemon runs with its Node flags (src/base/node-flags.ts), as the package's bin does.
+    assert.ok(unit.includes(`\nExecStart=${[process.execPath, ...DAEMON_NODE_FLAGS].join(' ')} `), unit);
+    assert.match(unit, /^ExecStart=.* serve --socket \/run\/tsbox\/custom\.sock .*--containerd-config \/etc\/containerd\/config\.toml /m, 'the unit names containerd\'s config, where tsbox reads containerd\'s paths');
+    assert.match(unit, /^ExecStartPost=.* ready --socket \/run\/tsbox\/custom\.sock /m);
     const analyze = which('systemd-analyze');
     assert.ok(analyze !== undefined, 'systemd-analyze is needed (apt-get install systemd)');
     const verify = await runCommand(analyze, ['verify', path.join(root, UNIT)], 30_000);

@@ -16,6 +16,7 @@ import { existsSync, readFileSync, rmdirSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { repoRoot } from './containerd-clients.js';
+import { DAEMON_NODE_FLAGS } from '../../src/base/node-flags.js';
 import { SandboxClient } from './grpc-client.js';
 import { cgroupDirsOfNamespace, killSandboxLeftovers, processStartTime } from './host.js';
 import {
@@ -83,7 +84,7 @@ export interface TsboxSpecOptions {
   readonly defaultRoutes?: boolean;
 }
 
-/** tsbox itself: `node dist/src/main.js serve --socket S --state-dir D --log-level debug`. */
+/** tsbox itself: `node FLAGS dist/src/main.js serve --socket S --state-dir D --log-level debug` (FLAGS: DAEMON_NODE_FLAGS). */
 export function tsboxSandboxer(options: TsboxSpecOptions = {}): SandboxerSpec {
   const main = options.main ?? tsboxMain;
   return {
@@ -95,6 +96,7 @@ export function tsboxSandboxer(options: TsboxSpecOptions = {}): SandboxerSpec {
       return {
         file: process.execPath,
         args: [
+          ...DAEMON_NODE_FLAGS,
           main,
           'serve',
           '--socket',
