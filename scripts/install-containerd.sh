@@ -88,3 +88,29 @@ if [ ! -x /usr/lib/cni/bridge ] || [ ! -x /usr/lib/cni/host-local ] || [ ! -x /u
   log "installing containernetworking-plugins"
   apt-get install -y -qq --no-install-recommends containernetworking-plugins >/dev/null
 fi
+
+# The containerd releases nodes run beside Debian's 2.1 (2.3, the long-term release, and 2.4),
+# for the tests that run on them: unpacked from ../shared/tools/containerd (or
+# TSBOX_CONTAINERD_RELEASES), checked against its SHA256SUMS, into .cache/containerd/VERSION
+# (containerd, ctr, containerd-shim-runc-v2). Never installed.
+releases="${TSBOX_CONTAINERD_RELEASES:-$here/../shared/tools/containerd}"
+if [ ! -f "$releases/SHA256SUMS" ]; then
+  echo "install-containerd: $releases/SHA256SUMS not found: the containerd 2.3 and 2.4 archives are needed (TSBOX_CONTAINERD_RELEASES names their folder)" >&2
+  exit 1
+fi
+while read -r sum archive; do
+  version="${archive#containerd-}"
+  version="${version%-linux-amd64.tar.xz}"
+  dest="$cache/containerd/$version"
+  if [ "$(cat "$dest/.sha256" 2>/dev/null)" = "$sum" ] && [ -x "$dest/containerd" ]; then continue; fi
+  log "unpacking containerd $version into $dest"
+  (cd "$releases" && printf '%s  %s\n' "$sum" "$archive" | sha256sum --check --quiet -)
+  rm -rf "$dest" && mkdir -p "$dest"
+  tar -C "$dest" -xJf "$releases/$archive"
+  # The archive's files may sit in a bin/ folder: the programs go to the top.
+  if [ -d "$dest/bin" ]; then mv "$dest"/bin/* "$dest"/ && rmdir "$dest/bin"; fi
+  for program in containerd ctr containerd-shim-runc-v2; do
+    [ -x "$dest/$program" ] || { echo "install-containerd: $archive has no $program" >&2; exit 1; }
+  done
+  printf '%s' "$sum" > "$dest/.sha256"
+done < "$releases/SHA256SUMS"

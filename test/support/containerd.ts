@@ -22,7 +22,7 @@ import {
   waitForSocket,
   which,
 } from './tsbox-daemon.js';
-import { type CriRuntimeMethods, type UnaryClient, createSandboxClients } from './containerd-clients.js';
+import { type CriRuntimeMethods, type UnaryClient, createSandboxClients, repoRoot } from './containerd-clients.js';
 
 /** What goes into the generated config. */
 export interface ContainerdConfigOptions {
@@ -213,11 +213,40 @@ export interface ContainerdOptions extends ContainerdConfigOptions {
  */
 const defaultStateDir = '/run/containerd';
 
+/**
+ * The containerd the end-to-end tests run. `TSBOX_E2E_CONTAINERD` names a release that
+ * scripts/install-containerd.sh unpacked into .cache/containerd/ (`2.3.4`,
+ * `2.4.0-dev.20260822`): its containerd, its ctr, and its runc shim (its folder goes first on
+ * containerd's PATH). Unset: Debian's, on PATH.
+ */
+export interface ContainerdRelease {
+  /** The release's name, or `system`. */
+  readonly name: string;
+  /** Its folder; undefined for the one on PATH. */
+  readonly dir?: string;
+}
+
+export function containerdRelease(): ContainerdRelease {
+  const name = process.env['TSBOX_E2E_CONTAINERD'];
+  if (name === undefined || name === '' || name === 'system') return { name: 'system' };
+  return { name, dir: path.join(repoRoot, '.cache', 'containerd', name) };
+}
+
+/** A program of the release under test (containerd, ctr), or the one on PATH. */
+export function releaseProgram(program: 'containerd' | 'ctr'): string | undefined {
+  const { dir } = containerdRelease();
+  if (dir === undefined) return which(program);
+  const file = path.join(dir, program);
+  return existsSync(file) ? file : undefined;
+}
+
 /** Why containerd end-to-end tests cannot run here, or undefined when they can. */
 export function containerdUnavailableReason(): string | undefined {
   if (typeof process.getuid !== 'function' || process.getuid() !== 0) return 'containerd tests need root';
-  if (which('containerd') === undefined) return 'containerd not on PATH (run scripts/install-containerd.sh)';
-  if (which('ctr') === undefined) return 'ctr not on PATH (run scripts/install-containerd.sh)';
+  const { name, dir } = containerdRelease();
+  const where = dir === undefined ? 'on PATH' : `in ${dir} (TSBOX_E2E_CONTAINERD=${name})`;
+  if (releaseProgram('containerd') === undefined) return `containerd not ${where} (run scripts/install-containerd.sh)`;
+  if (releaseProgram('ctr') === undefined) return `ctr not ${where} (run scripts/install-containerd.sh)`;
   return undefined;
 }
 
@@ -232,7 +261,8 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
   await mkdir(paths.cniConfDir, { recursive: true });
   await mkdir(paths.cniBinDir, { recursive: true });
   writeFileSync(paths.configPath, containerdConfig(paths, options));
-  const binary = options.binary ?? which('containerd') ?? 'containerd';
+  const binary = options.binary ?? releaseProgram('containerd') ?? 'containerd';
+  const releaseDir = options.binary === undefined ? containerdRelease().dir : undefined;
   const hadDefaultStateDir = existsSync(defaultStateDir);
   let current: ManagedProcess | undefined;
   const tracker = createProcessTracker(dir);
@@ -255,7 +285,8 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
       const p = await spawnLogged(binary, ['--config', paths.configPath], {
         logPath: paths.logPath,
         cwd: dir,
-        env: tracker.env(),
+        // A release's own runc shim before the system's.
+        env: tracker.env(releaseDir === undefined ? process.env : { ...process.env, PATH: `${releaseDir}:${process.env['PATH'] ?? ''}` }),
       });
       current = p;
       tracker.addLeader(p.pid);
@@ -294,7 +325,7 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
       const full = ['--address', paths.address];
       if (ctrOptions.namespace !== undefined) full.push('--namespace', ctrOptions.namespace);
       full.push(...args);
-      return runCommand('ctr', full, ctrOptions.timeoutMs ?? 30_000);
+      return runCommand(releaseProgram('ctr') ?? 'ctr', full, ctrOptions.timeoutMs ?? 30_000);
     },
     logTail,
     async teardown() {

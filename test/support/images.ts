@@ -13,8 +13,11 @@ import type { Containerd } from './containerd.js';
 
 /** A busybox image: every applet in /bin, `sh` by default. */
 export const BUSYBOX_IMAGE = 'tsbox.test/busybox:1';
-/** The sandbox image CRI's podsandbox runs by default (containerd 2.1's sandbox_image). */
-export const PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
+/**
+ * The sandbox images CRI's podsandbox runs by default: containerd 2.1's, and 2.3's and 2.4's
+ * (which CRI also pulls for a pod of any other sandboxer). One stand-in under both names.
+ */
+export const PAUSE_IMAGES = ['registry.k8s.io/pause:3.10', 'registry.k8s.io/pause:3.10.2'] as const;
 
 const busyboxBinary = path.join(repoRoot, '.cache', 'busybox', 'bin', 'busybox');
 const pauseSource = path.join(repoRoot, 'test', 'fixtures', 'pause.c');
@@ -95,8 +98,13 @@ export function buildTestImages(dir: string): string {
   const manifests = [
     addImage(layout, work, BUSYBOX_IMAGE, bb, { Cmd: ['sh'] }),
     // As the Kubernetes pause image: an entrypoint, and the nobody user.
-    addImage(layout, work, PAUSE_IMAGE, pause, { Entrypoint: ['/pause'], Env: ['PATH=/'], User: '65535:65535' }),
+    addImage(layout, work, PAUSE_IMAGES[0], pause, { Entrypoint: ['/pause'], Env: ['PATH=/'], User: '65535:65535' }),
   ];
+  // The same image under its other names.
+  const [pauseManifest] = manifests.slice(-1);
+  for (const name of PAUSE_IMAGES.slice(1)) {
+    manifests.push({ ...pauseManifest, annotations: { 'io.containerd.image.name': name, 'org.opencontainers.image.ref.name': name.split(':').pop() } });
+  }
   writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests }));
   execFileSync('tar', ['-C', layout, '-cf', archive, '.']);
   return archive;
@@ -108,7 +116,7 @@ export async function importTestImages(containerd: Containerd, dir: string, name
   const result = await containerd.ctr(['images', 'import', archive], { namespace, timeoutMs: 120_000 });
   if (result.code !== 0) throw new Error(`ctr images import failed (${result.code}): ${result.stderr || result.stdout}`);
   const listed = await containerd.ctr(['images', 'ls', '-q'], { namespace });
-  for (const name of [BUSYBOX_IMAGE, PAUSE_IMAGE]) {
+  for (const name of [BUSYBOX_IMAGE, ...PAUSE_IMAGES]) {
     if (!listed.stdout.split('\n').includes(name)) throw new Error(`image ${name} missing after import: ${listed.stdout}`);
   }
 }
