@@ -6,6 +6,7 @@ import { MAX_TIMER_MS, msOf, systemClock, systemSchedule, timestampOf, type Cloc
 import { ExitSignal, type ExitListener } from './exit-signal.js';
 import { deriveLaunchSpec, isType, type CreateInput } from './launch-spec.js';
 import { resourcesOf, sandboxLimits, type Resources } from './pod-spec.js';
+import { podRuntimeSpec, updatedResourcesOf, UPDATED_RESOURCES_KEY, UPDATED_RESOURCES_TYPE } from './runtime-spec.js';
 import { protocolState, transition, type SandboxEvent, type SandboxState } from './state-machine.js';
 import type {
   CallSignal,
@@ -36,6 +37,8 @@ export interface StartResult {
   /** The task endpoint (SPEC.md section 7); '' and 0 when the backend has none. */
   readonly address: string;
   readonly version: number;
+  /** The pod's OCI runtime spec (runtime-spec.ts): containerd 2.3 keeps it for CRI and NRI. */
+  readonly spec: Record<string, unknown>;
 }
 
 /** Status's answer. */
@@ -289,7 +292,8 @@ export class Controller {
       }
       this.#watch(sandbox, running);
       const { address, version } = sandbox.record.endpoint ?? NO_ENDPOINT;
-      return { pid: running.pid, createdAt: sandbox.record.startedAt as Timestamp, labels: {}, address, version };
+      const spec = this.#runtimeSpec(sandbox, running);
+      return { pid: running.pid, createdAt: sandbox.record.startedAt as Timestamp, labels: {}, address, version, spec };
     });
   }
 
@@ -533,8 +537,19 @@ export class Controller {
     return { ...result, info: { info: JSON.stringify(this.#describe(sandbox, exit)) } };
   }
 
+  #runtimeSpec(sandbox: Sandbox, running: RunningSandbox): Record<string, unknown> {
+    return podRuntimeSpec(sandbox.spec, this.#backend.placement(sandbox.spec, running), sandbox.record.annotations);
+  }
+
+  /**
+   * Status's verbose info. containerd 2.3 and later read it as podsandbox's SandboxInfo and
+   * write back only that struct's fields (pid, processStatus, runtimeSpec, …), each with its type there; the others reach a client of containerd 2.1 and 2.2 only.
+   */
   #describe(sandbox: Sandbox, exit: ExitInfo | undefined): Record<string, unknown> {
     const { record } = sandbox;
+    const running = sandbox.state === 'running' ? sandbox.running : undefined;
+    // containerd's ProcessStatus words, as podsandbox reports its pause task's.
+    const processStatus = running !== undefined ? 'running' : sandbox.state === 'exited' ? 'stopped' : 'created';
     const iso = (t: Timestamp | undefined): string | undefined =>
       t === undefined ? undefined : new Date(t.seconds * 1000 + Math.floor(t.nanos / 1e6)).toISOString();
     return {
@@ -543,6 +558,8 @@ export class Controller {
       state: sandbox.state,
       backend: this.#backend.name,
       pid: sandbox.state === 'running' ? record.pid ?? 0 : 0,
+      processStatus,
+      ...(running === undefined ? {} : { runtimeSpec: this.#runtimeSpec(sandbox, running) }),
       hostname: record.launch.hostname,
       netnsPath: record.launch.netnsPath,
       command: record.launch.command?.args ?? 'pause',
@@ -615,17 +632,37 @@ export class Controller {
       if (wants('labels')) changes.labels = { ...request.labels };
       if (wants('extensions')) changes.extensions = encodeExtensions(request.extensions);
       if (request.annotations !== undefined && wants('annotations')) changes.annotations = { ...request.annotations };
-      const resources = resourcesFromUpdate(request);
-      if (resources !== undefined) {
-        const pod = sandbox.spec.pod;
-        if (pod === undefined) throw new TsboxError('FailedPrecondition', `sandbox ${sandbox.record.id} is not a Kubernetes pod: it has no pod resources to update`);
-        if (sandbox.state !== 'running' || sandbox.running === undefined) {
+      const limits = limitsFromUpdate(request);
+      const pod = sandbox.spec.pod;
+      if (limits !== undefined && pod === undefined && limits.strict) {
+        throw new TsboxError('FailedPrecondition', `sandbox ${sandbox.record.id} is not a Kubernetes pod: it has no pod resources to update`);
+      }
+      if (limits !== undefined && pod !== undefined) {
+        const next = { ...pod };
+        for (const key of ['resources', 'overhead'] as const) {
+          const change = limits[key];
+          if (change === undefined) continue;
+          if (change.value === undefined) delete next[key];
+          else next[key] = change.value;
+        }
+        const before = sandboxLimits(pod);
+        const after = sandboxLimits(next);
+        const running = sandbox.state === 'running' ? sandbox.running : undefined;
+        if (running === undefined && limits.strict) {
           throw new TsboxError('FailedPrecondition', `sandbox ${sandbox.record.id} is not running: there are no limits to update`);
         }
-        const next = { ...pod };
-        if (resources.value === undefined) delete next.resources;
-        else next.resources = resources.value;
-        await this.#backend.updateResources(sandbox.spec, sandbox.running, sandboxLimits(next) ?? {});
+        // containerd 2.3 sends its last resources with every later Update: unchanged, they are not applied again.
+        if (running !== undefined && (limits.strict || JSON.stringify(before) !== JSON.stringify(after))) {
+          try {
+            await this.#backend.updateResources(sandbox.spec, running, after ?? {});
+          } catch (err) {
+            // The kernel refused one: what was written before it goes back to the pod's limits.
+            await this.#backend
+              .updateResources(sandbox.spec, running, before ?? {})
+              .catch((e: unknown) => sandbox.log.error({ err: e }, "cannot put the pod's former limits back after a refused update"));
+            throw err;
+          }
+        }
         changes.launch = { ...sandbox.record.launch, pod: next };
       }
       await this.#write(sandbox, changes);
@@ -748,12 +785,36 @@ export class Controller {
 
 const RESOURCES_TYPE = 'runtime.v1.LinuxContainerResources';
 
+/** What an Update changes of a pod's limits; `{ value: undefined }` clears one. */
+interface LimitsChange {
+  readonly resources?: { readonly value: Resources | undefined };
+  readonly overhead?: { readonly value: Resources | undefined };
+  /** Asked for by name: refused for a sandbox with no limits to change. */
+  readonly strict: boolean;
+}
+
 /**
- * New pod limits carried by an Update: `sandbox.extensions["resources"]`, a CRI
- * LinuxContainerResources, named by `fields` ("resources" or "extensions.resources") or sent
- * with no fields at all. `{ value: undefined }` clears the limits.
+ * New pod limits carried by an Update, named by `fields` or sent with no fields at all:
+ * `sandbox.extensions["resources"]`, a CRI LinuxContainerResources ("resources" or
+ * "extensions.resources"); or containerd 2.3's `extensions["updated-resources"]`
+ * (UpdatePodSandboxResources: the pod's resources and overhead, JSON), which containerd sends
+ * again with every later Update of the sandbox's extensions, whatever its state.
  */
-function resourcesFromUpdate(request: UpdateRequest): { value: Resources | undefined } | undefined {
+function limitsFromUpdate(request: UpdateRequest): LimitsChange | undefined {
+  const names = (...fields: string[]): boolean => request.fields.length === 0 || request.fields.some((f) => fields.includes(f));
+  const updated = request.extensions[UPDATED_RESOURCES_KEY];
+  if (updated !== undefined && names('extensions', `extensions.${UPDATED_RESOURCES_KEY}`)) {
+    if (!isType(updated.typeUrl, UPDATED_RESOURCES_TYPE)) {
+      throw new TsboxError('InvalidArgument', `extensions["${UPDATED_RESOURCES_KEY}"] must be a ${UPDATED_RESOURCES_TYPE}, not ${JSON.stringify(updated.typeUrl)}`);
+    }
+    const { resources, overhead } = updatedResourcesOf(updated.value);
+    return { resources: { value: resources }, overhead: { value: overhead }, strict: false };
+  }
+  const value = resourcesFromExtension(request);
+  return value === undefined ? undefined : { resources: value, strict: true };
+}
+
+function resourcesFromExtension(request: UpdateRequest): { value: Resources | undefined } | undefined {
   const named = request.fields.length === 0 || request.fields.some((f) => f === 'resources' || f === 'extensions.resources' || f === 'extensions');
   const any = request.extensions['resources'];
   if (!named || any === undefined) return undefined;

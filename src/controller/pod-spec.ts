@@ -42,6 +42,8 @@ export const podSpecSchema = z.object({
   overhead: resourcesSchema.optional(),
   /** Kubernetes' names for the pod, for operators. */
   pod: z.object({ name: z.string(), namespace: z.string(), uid: z.string() }).optional(),
+  /** kubelet's log directory for the pod's containers (an annotation of the pod's OCI spec). */
+  logDirectory: z.string().optional(),
 });
 export type PodSpec = z.infer<typeof podSpecSchema>;
 
@@ -206,6 +208,7 @@ export function podSpecFromConfig(config: PodSandboxConfig): PodSpec {
     ...(resources === undefined ? {} : { resources }),
     ...(overhead === undefined ? {} : { overhead }),
     ...(meta === undefined ? {} : { pod: { name: meta.name, namespace: meta.namespace, uid: meta.uid } }),
+    ...(config.logDirectory === '' ? {} : { logDirectory: config.logDirectory }),
   };
 }
 

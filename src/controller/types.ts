@@ -7,6 +7,9 @@ import type { Resources } from './pod-spec.js';
  * of are inferred from its zod schema (record.ts).
  */
 import type { ExitInfo, LaunchSpec, SandboxRecord, TaskEndpoint } from './record.js';
+import type { SandboxPlacement } from './runtime-spec.js';
+
+export type { SandboxPlacement };
 
 export type { ExitInfo, LaunchSpec, SandboxRecord, TaskEndpoint, Timestamp } from './record.js';
 
@@ -79,6 +82,8 @@ export interface RuntimeBackend {
   metrics(spec: LaunchSpec, sandbox: RunningSandbox | undefined): Promise<AnyValue>;
   /** Facts for verbose Status. */
   describe(sandbox: RunningSandbox): Record<string, unknown>;
+  /** Where a running sandbox lives (its namespaces, cgroup, program): the pod's OCI spec says so. */
+  placement(spec: LaunchSpec, sandbox: RunningSandbox): SandboxPlacement;
   /** Stops watching; leaves sandboxes running. */
   close(): void;
 }

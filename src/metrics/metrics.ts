@@ -169,6 +169,7 @@ export function instrumentBackend(backend: RuntimeBackend, metrics: TsboxMetrics
     updateResources: (spec, sandbox, limits) => backend.updateResources(spec, sandbox, limits),
     metrics: (spec, sandbox) => backend.metrics(spec, sandbox),
     describe: (sandbox) => backend.describe(sandbox),
+    placement: (spec, sandbox) => backend.placement(spec, sandbox),
     close: () => backend.close(),
   };
 }

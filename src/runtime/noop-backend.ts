@@ -1,5 +1,5 @@
 import { systemClock } from '../controller/clock.js';
-import type { AnyValue, CallSignal, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, TaskEndpoint } from '../controller/types.js';
+import type { AnyValue, CallSignal, ExitInfo, LaunchSpec, Recovered, RunningSandbox, RuntimeBackend, SandboxPlacement, TaskEndpoint } from '../controller/types.js';
 import { TsboxError } from '../base/errors.js';
 
 /** SIGKILL's exit status, as a killed process reports it. */
@@ -83,6 +83,11 @@ export class NoopBackend implements RuntimeBackend {
 
   describe(): Record<string, unknown> {
     return {};
+  }
+
+  /** No process: no namespace, cgroup or program of its own. */
+  placement(): SandboxPlacement {
+    return { namespaces: [], args: [] };
   }
 
   close(): void {}

@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { watch, type FSWatcher } from 'node:fs';
 import { mkdir, rm, unlink } from 'node:fs/promises';
 import { writeProcFile } from '../base/fs-now.js';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { systemClock } from '../controller/clock.js';
@@ -15,6 +15,7 @@ import type {
   Recovered,
   RunningSandbox,
   RuntimeBackend,
+  SandboxPlacement,
   TaskEndpoint,
   TeardownStage,
 } from '../controller/types.js';
@@ -29,6 +30,9 @@ import { processStat, signalGroup, signalProcess } from './proc.js';
 import { type ProcessId, endProcess, isRunning, processIdOf, readExitRecord, signalIfRunning, superviseAgain, untilGone } from './supervised.js';
 import { scopeUnit, sliceOf, type SystemdScopes } from './systemd.js';
 import { removeStaleShimSockets, shimSocketPath, stopPodShims } from './task-shim.js';
+
+/** The pod's pause, which the supervisor finds beside its own program (native/pause.c). */
+const PAUSE_PROGRAM = 'tsbox-pause';
 
 /** What the process backend records to find a sandbox again: pids with their start times. */
 const handleSchema = z.object({
@@ -768,6 +772,18 @@ export class ProcessBackend implements RuntimeBackend {
       namespaces: this.#opts.namespaces,
       ...(watched.handle.link === undefined ? {} : { link: watched.handle.link }),
     };
+  }
+
+  placement(spec: LaunchSpec, sandbox: RunningSandbox): SandboxPlacement {
+    // /proc names the namespaces by these files; the OCI spec by these types.
+    const types: Record<string, string> = { mnt: 'mount', pid: 'pid', ipc: 'ipc', uts: 'uts' };
+    const namespaces = this.#unshare(spec).map((file) => ({ type: types[file] ?? file, path: `/proc/${sandbox.pid}/ns/${file}` }));
+    if (spec.netnsPath !== undefined) namespaces.push({ type: 'network', path: spec.netnsPath });
+    const slice = sliceOf(spec.pod?.cgroupParent);
+    // runc's systemd form names the scope the sandbox is in (scopeUnit: cri-containerd-ID.scope).
+    const cgroupsPath = slice !== undefined ? `${slice}:cri-containerd:${spec.id}` : this.#opts.cgroups === undefined ? undefined : this.#cgroupPath(spec);
+    const args = spec.command?.args ?? [join(dirname(this.#opts.shimPath), PAUSE_PROGRAM), (sandbox as Watched).dir];
+    return { namespaces, ...(cgroupsPath === undefined ? {} : { cgroupsPath }), args: [...args] };
   }
 
   close(): void {

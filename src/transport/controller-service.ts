@@ -4,6 +4,7 @@ import { systemClock } from '../controller/clock.js';
 import type { Controller } from '../controller/controller.js';
 import { validateIdentifier, validateNamespace } from '../controller/identifiers.js';
 import type { AnyValue, ExitInfo } from '../controller/types.js';
+import { OCI_SPEC_TYPE } from '../controller/runtime-spec.js';
 import { TsboxError, messageOf } from '../base/errors.js';
 import {
   ControllerService,
@@ -232,7 +233,8 @@ export function addControllerService(server: Server, options: ControllerServiceO
         labels: { ...started.labels },
         address: started.address,
         version: started.version,
-        spec: undefined,
+        // containerd 2.3 and later keep it (CRI's runtimeSpec, NRI's view of the pod); 2.1 skips the field.
+        spec: { typeUrl: OCI_SPEC_TYPE, value: Buffer.from(JSON.stringify(started.spec)) },
       };
     }),
     platform: unary<ControllerPlatformRequest, ControllerPlatformResponse>('Platform', (req, _ctx, ns) => {

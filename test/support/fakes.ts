@@ -13,6 +13,7 @@ import type {
   RecordStore,
   RunningSandbox,
   RuntimeBackend,
+  SandboxPlacement,
   SandboxRecord,
   TaskEndpoint,
   TeardownStage,
@@ -293,9 +294,18 @@ export class FakeBackend implements RuntimeBackend {
     return Promise.resolve();
   }
 
+  #resourceFailure: Error | undefined;
+
+  /** The next updateResources() is recorded, then fails with `err` (a kernel's refusal). */
+  failNextResourceUpdate(err: Error): void {
+    this.#resourceFailure = err;
+  }
+
   updateResources(spec: LaunchSpec, _sandbox: RunningSandbox, limits: Resources): Promise<void> {
     this.resourceUpdates.push({ key: keyOf(spec.namespace, spec.id), limits });
-    return Promise.resolve();
+    const failure = this.#resourceFailure;
+    this.#resourceFailure = undefined;
+    return failure === undefined ? Promise.resolve() : Promise.reject(failure);
   }
 
   abandon(spec: LaunchSpec, _signal: CallSignal): Promise<void> {
@@ -338,6 +348,11 @@ export class FakeBackend implements RuntimeBackend {
 
   describe(sandbox: RunningSandbox): Record<string, unknown> {
     return { fakePid: sandbox.pid };
+  }
+
+  /** A pid and a mount namespace of its own, and a cgroup named after the sandbox. */
+  placement(spec: LaunchSpec, sandbox: RunningSandbox): SandboxPlacement {
+    return { namespaces: [{ type: 'mount', path: `/proc/${sandbox.pid}/ns/mnt` }], cgroupsPath: `/fake/${spec.id}`, args: ['fake-pause'] };
   }
 
   close(): void {

@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { Controller, UNKNOWN_EXIT_STATUS, type CreateRequest } from '../../src/controller/controller.js';
 import type { CallSignal, ExitInfo, HostPlatform, PodContainers, SandboxRecord } from '../../src/controller/types.js';
 import { TsboxError, ignoreError, isTsboxError, type ErrorKind } from '../../src/base/errors.js';
-import { PodSandboxConfig } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
+import { LinuxContainerResources, PodSandboxConfig } from '../../src/gen/runtime/v1/pod_sandbox_config.js';
 import {
   FakeBackend,
   FakeClock,
@@ -1122,5 +1122,89 @@ describe('close', () => {
     controller.close();
     assert.equal(backend.closeCalls, 1);
     assert.deepEqual(backend.sandbox(NS, ID).signals, []);
+  });
+});
+
+describe('the pod\'s OCI spec and containerd 2.3\'s resource updates', () => {
+  const podOptions = (linux: Partial<NonNullable<PodSandboxConfig['linux']>> = {}) => ({
+    typeUrl: 'runtime.v1.PodSandboxConfig',
+    value: PodSandboxConfig.encode(
+      PodSandboxConfig.fromPartial({ metadata: { name: 'web', uid: 'u-1', namespace: 'shop' }, hostname: 'web', logDirectory: '/var/log/pods/u-1', linux: { sysctls: { 'net.ipv4.ip_forward': '1' }, ...linux } }),
+    ).finish(),
+  });
+  const updated = (json: unknown) => ({ typeUrl: 'io.containerd.cri.v1.UpdatedResources', value: Buffer.from(JSON.stringify(json)) });
+
+  test('Start returns the pod\'s spec: the backend\'s namespaces and cgroup, the limits with overhead, CRI\'s annotations, sysctls; Status verbose carries it as runtimeSpec', async () => {
+    const { backend, controller } = setup();
+    await controller.create(NS, ID, createRequest({ options: podOptions({ resources: LinuxContainerResources.fromPartial({ cpuShares: 512, memoryLimitInBytes: 64 << 20 }), overhead: LinuxContainerResources.fromPartial({ memoryLimitInBytes: 8 << 20 }) }), annotations: { team: 'a' } }));
+    const started = await controller.start(NS, ID);
+    const pid = backend.sandbox(NS, ID).pid;
+    const spec = started.spec as { hostname: string; annotations: Record<string, string>; linux: Record<string, unknown>; process: { args: string[] } };
+    assert.equal(spec.hostname, 'web');
+    assert.deepEqual(spec.process.args, ['fake-pause']);
+    assert.deepEqual(spec.linux['namespaces'], [{ type: 'mount', path: `/proc/${pid}/ns/mnt` }]);
+    assert.equal(spec.linux['cgroupsPath'], `/fake/${ID}`);
+    assert.deepEqual(spec.linux['resources'], { cpu: { shares: 512 }, memory: { limit: 72 << 20 } }, 'the cgroup gets the resources plus the overhead');
+    assert.deepEqual(spec.linux['sysctl'], { 'net.ipv4.ip_forward': '1' });
+    assert.equal(spec.annotations['team'], 'a');
+    assert.equal(spec.annotations['io.kubernetes.cri.container-type'], 'sandbox');
+    assert.equal(spec.annotations['io.kubernetes.cri.sandbox-name'], 'web');
+    assert.equal(spec.annotations['io.kubernetes.cri.sandbox-namespace'], 'shop');
+    assert.equal(spec.annotations['io.kubernetes.cri.sandbox-uid'], 'u-1');
+    assert.equal(spec.annotations['io.kubernetes.cri.sandbox-log-directory'], '/var/log/pods/u-1');
+    assert.equal(spec.annotations['io.kubernetes.cri.sandbox-memory'], String(64 << 20), 'the pod\'s own memory, as podsandbox annotates it');
+    const info = JSON.parse(controller.status(NS, ID, true).info?.['info'] ?? '{}') as Record<string, unknown>;
+    assert.deepEqual(info['runtimeSpec'], started.spec);
+    assert.equal(info['processStatus'], 'running');
+    assert.equal(info['pid'], pid);
+  });
+
+  test('an Update with extensions["updated-resources"] applies the new resources plus overhead once; the same again applies nothing; the spec follows', async () => {
+    const { backend, controller } = setup();
+    await controller.create(NS, ID, createRequest({ options: podOptions({ resources: LinuxContainerResources.fromPartial({ cpuShares: 512 }) }) }));
+    await controller.start(NS, ID);
+    const extensions = { 'updated-resources': updated({ Overhead: { memory_limit_in_bytes: 1 << 20 }, Resources: { cpu_shares: 1024, memory_limit_in_bytes: 32 << 20, cpu_quota: -1 } }) };
+    await controller.update(NS, ID, { labels: {}, extensions, fields: ['extensions'] });
+    assert.deepEqual(backend.resourceUpdates, [{ key: `${NS}/${ID}`, limits: { cpuShares: 1024, memoryLimitBytes: 33 << 20 } }]);
+    await controller.update(NS, ID, { labels: { seen: 'yes' }, extensions, fields: [] });
+    assert.equal(backend.resourceUpdates.length, 1, 'containerd resends its extensions: unchanged limits are not applied again');
+    const info = JSON.parse(controller.status(NS, ID, true).info?.['info'] ?? '{}') as { runtimeSpec: { linux: { resources: unknown } } };
+    assert.deepEqual(info.runtimeSpec.linux.resources, { cpu: { shares: 1024 }, memory: { limit: 33 << 20 } });
+  });
+
+  test('resources the kernel refuses: the error says so, the former limits are written back, the record keeps them', async () => {
+    const { backend, store, controller } = setup();
+    await controller.create(NS, ID, createRequest({ options: podOptions({ resources: LinuxContainerResources.fromPartial({ cpuShares: 512 }) }) }));
+    await controller.start(NS, ID);
+    backend.failNextResourceUpdate(new TsboxError('FailedPrecondition', 'cannot set cpuset.cpus = 99: Invalid argument'));
+    await assert.rejects(
+      controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': updated({ Resources: { cpu_shares: 1024, cpuset_cpus: '99' } }) }, fields: ['extensions'] }),
+      errorOf('FailedPrecondition', /cpuset\.cpus = 99/),
+    );
+    assert.deepEqual(
+      backend.resourceUpdates.map((u) => u.limits),
+      [{ cpuShares: 1024, cpusetCpus: '99' }, { cpuShares: 512 }],
+      'the new limits, then the former ones again',
+    );
+    assert.deepEqual(store.current(NS, ID)?.launch.pod?.resources, { cpuShares: 512 });
+  });
+
+  test('updated-resources of a pod that no longer runs are kept, not applied; a malformed one is INVALID_ARGUMENT and changes nothing', async () => {
+    const { backend, store, controller } = setup();
+    await controller.create(NS, ID, createRequest({ options: podOptions() }));
+    await controller.start(NS, ID);
+    await assert.rejects(
+      controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': { typeUrl: 'io.containerd.cri.v1.UpdatedResources', value: Buffer.from('{"Resources": {"cpu_shares": "many"}}') } }, fields: ['extensions'] }),
+      errorOf('InvalidArgument', /updated-resources.*cpu_shares/s),
+    );
+    await assert.rejects(
+      controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': updated({ Resources: { memory_limit_in_bytes: -5 } }) }, fields: ['extensions'] }),
+      errorOf('InvalidArgument', /memory_limit_in_bytes is negative/),
+    );
+    assert.equal(store.current(NS, ID)?.launch.pod?.resources, undefined, 'nothing recorded');
+    await controller.stop(NS, ID, 0, noDeadline());
+    await controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': updated({ Resources: { cpu_shares: 256 } }) }, fields: ['extensions'] });
+    assert.deepEqual(backend.resourceUpdates, []);
+    assert.deepEqual(store.current(NS, ID)?.launch.pod?.resources, { cpuShares: 256 });
   });
 });
