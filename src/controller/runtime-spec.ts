@@ -94,7 +94,7 @@ export function podRuntimeSpec(spec: LaunchSpec, placement: SandboxPlacement, an
 
 /** containerd 2.3's extension for UpdatePodSandboxResources (CRI v1.33), and its type. */
 export const UPDATED_RESOURCES_KEY = 'updated-resources';
-export const UPDATED_RESOURCES_TYPE = 'io.containerd.cri.v1.UpdatedResources';
+export const UPDATED_RESOURCES_TYPE = 'io.containerd.cri.v1/UpdatedResources';
 
 // CRI's LinuxContainerResources as Go's encoding/json writes it (snake_case, empty fields left out).
 const goResources = z

@@ -314,6 +314,8 @@ export interface CriRuntimeMethods {
   Attach: [{ container_id: string; tty: boolean; stdin: boolean; stdout: boolean; stderr: boolean }, { url: string }];
   ContainerStats: [{ container_id: string }, { stats: CriContainerStats | null }];
   UpdateContainerResources: [{ container_id: string; linux?: CriResources }, Record<string, never>];
+  /** CRI v1.33 (containerd 2.3 and later). */
+  UpdatePodSandboxResources: [{ pod_sandbox_id: string; overhead?: CriResources; resources?: CriResources }, Record<string, never>];
   ListContainerStats: [{ filter?: { pod_sandbox_id?: string; id?: string } | null }, { stats: CriContainerStats[] }];
   PodSandboxStats: [
     { pod_sandbox_id: string },

@@ -195,8 +195,10 @@ export interface CommandResult {
 
 /** Options of {@link startContainerd}. */
 export interface ContainerdOptions extends ContainerdConfigOptions {
-  /** containerd binary. Default: `containerd` on PATH. */
+  /** containerd binary. Default: the release's (`release`, else TSBOX_E2E_CONTAINERD), else `containerd` on PATH. */
   binary?: string;
+  /** A release unpacked into .cache/containerd (containerdRelease): its containerd, ctr and runc shim. */
+  release?: string;
   startTimeoutMs?: number;
   stopGraceMs?: number;
   /**
@@ -226,27 +228,26 @@ export interface ContainerdRelease {
   readonly dir?: string;
 }
 
-export function containerdRelease(): ContainerdRelease {
-  const name = process.env['TSBOX_E2E_CONTAINERD'];
+export function containerdRelease(name = process.env['TSBOX_E2E_CONTAINERD']): ContainerdRelease {
   if (name === undefined || name === '' || name === 'system') return { name: 'system' };
   return { name, dir: path.join(repoRoot, '.cache', 'containerd', name) };
 }
 
 /** A program of the release under test (containerd, ctr), or the one on PATH. */
-export function releaseProgram(program: 'containerd' | 'ctr'): string | undefined {
-  const { dir } = containerdRelease();
+export function releaseProgram(program: 'containerd' | 'ctr', release = containerdRelease()): string | undefined {
+  const { dir } = release;
   if (dir === undefined) return which(program);
   const file = path.join(dir, program);
   return existsSync(file) ? file : undefined;
 }
 
 /** Why containerd end-to-end tests cannot run here, or undefined when they can. */
-export function containerdUnavailableReason(): string | undefined {
+export function containerdUnavailableReason(release = containerdRelease()): string | undefined {
   if (typeof process.getuid !== 'function' || process.getuid() !== 0) return 'containerd tests need root';
-  const { name, dir } = containerdRelease();
-  const where = dir === undefined ? 'on PATH' : `in ${dir} (TSBOX_E2E_CONTAINERD=${name})`;
-  if (releaseProgram('containerd') === undefined) return `containerd not ${where} (run scripts/install-containerd.sh)`;
-  if (releaseProgram('ctr') === undefined) return `ctr not ${where} (run scripts/install-containerd.sh)`;
+  const { name, dir } = release;
+  const where = dir === undefined ? 'on PATH' : `in ${dir} (containerd ${name})`;
+  if (releaseProgram('containerd', release) === undefined) return `containerd not ${where} (run scripts/install-containerd.sh)`;
+  if (releaseProgram('ctr', release) === undefined) return `ctr not ${where} (run scripts/install-containerd.sh)`;
   return undefined;
 }
 
@@ -261,8 +262,9 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
   await mkdir(paths.cniConfDir, { recursive: true });
   await mkdir(paths.cniBinDir, { recursive: true });
   writeFileSync(paths.configPath, containerdConfig(paths, options));
-  const binary = options.binary ?? releaseProgram('containerd') ?? 'containerd';
-  const releaseDir = options.binary === undefined ? containerdRelease().dir : undefined;
+  const release = containerdRelease(options.release ?? process.env['TSBOX_E2E_CONTAINERD']);
+  const binary = options.binary ?? releaseProgram('containerd', release) ?? 'containerd';
+  const releaseDir = options.binary === undefined ? release.dir : undefined;
   const hadDefaultStateDir = existsSync(defaultStateDir);
   let current: ManagedProcess | undefined;
   const tracker = createProcessTracker(dir);
@@ -325,7 +327,7 @@ export async function startContainerd(options: ContainerdOptions): Promise<Conta
       const full = ['--address', paths.address];
       if (ctrOptions.namespace !== undefined) full.push('--namespace', ctrOptions.namespace);
       full.push(...args);
-      return runCommand(releaseProgram('ctr') ?? 'ctr', full, ctrOptions.timeoutMs ?? 30_000);
+      return runCommand(releaseProgram('ctr', release) ?? 'ctr', full, ctrOptions.timeoutMs ?? 30_000);
     },
     logTail,
     async teardown() {

@@ -21,7 +21,7 @@ import {
   createCriRuntimeClient,
   grpc,
 } from './containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
+import { type Containerd, containerdRelease, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
 import { stateLayout } from '../../src/state/layout.js';
 import { formerTaskDirs, taskDirs } from '../../src/tasks/serve.js';
@@ -114,9 +114,11 @@ export async function startPodEnv(
      * and tsbox's tasks (below containerd's state dir). Records and images stay on disk.
      */
     runOnTmpfs?: boolean;
+    /** A containerd release unpacked into .cache/containerd (e.g. 2.3.4); default TSBOX_E2E_CONTAINERD, else Debian's. */
+    containerdRelease?: string;
   } = {},
 ): Promise<PodEnv> {
-  const missing = containerdUnavailableReason();
+  const missing = containerdUnavailableReason(containerdRelease(options.containerdRelease ?? process.env['TSBOX_E2E_CONTAINERD']));
   if (missing !== undefined) throw new Error(missing);
   let containerd: Containerd | undefined;
   const built = tsboxSandboxer(options.tsboxMain === undefined ? {} : { main: options.tsboxMain });
@@ -148,6 +150,7 @@ export async function startPodEnv(
       runtimeType: 'io.containerd.runc.v2',
       logLevel: options.containerdLogLevel ?? 'info',
       stateOnTmpfs: options.runOnTmpfs === true,
+      ...(options.containerdRelease === undefined ? {} : { release: options.containerdRelease }),
       extraToml: (paths) => `
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"

@@ -1132,7 +1132,7 @@ describe('the pod\'s OCI spec and containerd 2.3\'s resource updates', () => {
       PodSandboxConfig.fromPartial({ metadata: { name: 'web', uid: 'u-1', namespace: 'shop' }, hostname: 'web', logDirectory: '/var/log/pods/u-1', linux: { sysctls: { 'net.ipv4.ip_forward': '1' }, ...linux } }),
     ).finish(),
   });
-  const updated = (json: unknown) => ({ typeUrl: 'io.containerd.cri.v1.UpdatedResources', value: Buffer.from(JSON.stringify(json)) });
+  const updated = (json: unknown) => ({ typeUrl: 'io.containerd.cri.v1/UpdatedResources', value: Buffer.from(JSON.stringify(json)) });
 
   test('Start returns the pod\'s spec: the backend\'s namespaces and cgroup, the limits with overhead, CRI\'s annotations, sysctls; Status verbose carries it as runtimeSpec', async () => {
     const { backend, controller } = setup();
@@ -1194,7 +1194,7 @@ describe('the pod\'s OCI spec and containerd 2.3\'s resource updates', () => {
     await controller.create(NS, ID, createRequest({ options: podOptions() }));
     await controller.start(NS, ID);
     await assert.rejects(
-      controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': { typeUrl: 'io.containerd.cri.v1.UpdatedResources', value: Buffer.from('{"Resources": {"cpu_shares": "many"}}') } }, fields: ['extensions'] }),
+      controller.update(NS, ID, { labels: {}, extensions: { 'updated-resources': { typeUrl: 'io.containerd.cri.v1/UpdatedResources', value: Buffer.from('{"Resources": {"cpu_shares": "many"}}') } }, fields: ['extensions'] }),
       errorOf('InvalidArgument', /updated-resources.*cpu_shares/s),
     );
     await assert.rejects(
