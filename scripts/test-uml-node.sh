@@ -4,7 +4,7 @@
 #   node       the tests only a cgroup v2 node can check (test/node/*.test.ts)
 #   pods       the whole-pod end-to-end tests and the integration tests that touch cgroups;
 #              pods-1 and pods-2 are its two parts, for two nodes side by side (pods-2: tsbox
-#              doctor's, the churn of 10 pods per route and what containerd 2.3 asks;
+#              doctor's, the churn of 10 pods per route and what containerd 2.3 and 2.4 ask;
 #              pods-1: the rest)
 #   critest    Kubernetes' CRI validation suite on tsbox pods (both routes) against podsandbox,
 #              all in the node
@@ -27,7 +27,7 @@ POD_TESTS_1=(
   dist/test/integration/rpc.test.js dist/test/integration/namespaces.test.js
   dist/test/integration/process.test.js dist/test/integration/stop.test.js
 )
-POD_TESTS_2=(dist/test/e2e/doctor.test.js dist/test/e2e/churn.test.js dist/test/e2e/containerd-2.3.test.js)
+POD_TESTS_2=(dist/test/e2e/doctor.test.js dist/test/e2e/churn.test.js dist/test/e2e/containerd-2.3.test.js dist/test/e2e/containerd-2.4.test.js)
 ALL_PARTS=(node pods critest)
 PODSANDBOX_RESULTS=.cache/critest-podsandbox.json
 

@@ -756,10 +756,10 @@ export class ProcessBackend implements RuntimeBackend {
     );
   }
 
-  async metrics(spec: LaunchSpec, sandbox: RunningSandbox | undefined): Promise<AnyValue> {
+  async metrics(spec: LaunchSpec, _sandbox: RunningSandbox | undefined): Promise<AnyValue> {
     const { cgroups } = this.#opts;
     if (cgroups === undefined) throw new TsboxError('Unimplemented', 'metrics need cgroups, which are not available to tsbox here');
-    if (sandbox === undefined) throw new TsboxError('FailedPrecondition', `sandbox ${spec.id} is not running: it has no cgroup`);
+    // Read while the cgroup is there (a sandbox that ended keeps it until it is removed); NotFound after.
     return cgroups.metrics(this.#cgroupPath(spec));
   }
 

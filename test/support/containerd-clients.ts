@@ -188,6 +188,16 @@ export interface ControllerMethods {
 }
 
 /** CRI LinuxContainerResources (int64 fields may be given as numbers). */
+/** A pod's stats (PodSandboxStats, ListPodSandboxStats). */
+export interface CriPodSandboxStats {
+  attributes: { id: string } | null;
+  linux: {
+    cpu: { usage_core_nano_seconds: { value: string } | null } | null;
+    memory: { working_set_bytes: { value: string } | null; usage_bytes: { value: string } | null } | null;
+    containers: CriContainerStats[];
+  } | null;
+}
+
 export interface CriResources {
   cpu_period?: number;
   cpu_quota?: number;
@@ -317,19 +327,8 @@ export interface CriRuntimeMethods {
   /** CRI v1.33 (containerd 2.3 and later). */
   UpdatePodSandboxResources: [{ pod_sandbox_id: string; overhead?: CriResources; resources?: CriResources }, Record<string, never>];
   ListContainerStats: [{ filter?: { pod_sandbox_id?: string; id?: string } | null }, { stats: CriContainerStats[] }];
-  PodSandboxStats: [
-    { pod_sandbox_id: string },
-    {
-      stats: {
-        attributes: { id: string } | null;
-        linux: {
-          cpu: { usage_core_nano_seconds: { value: string } | null } | null;
-          memory: { working_set_bytes: { value: string } | null; usage_bytes: { value: string } | null } | null;
-          containers: CriContainerStats[];
-        } | null;
-      } | null;
-    },
-  ];
+  PodSandboxStats: [{ pod_sandbox_id: string }, { stats: CriPodSandboxStats | null }];
+  ListPodSandboxStats: [{ filter?: { id?: string } | null }, { stats: CriPodSandboxStats[] }];
 }
 
 // ---------------------------------------------------------------------------------------------
