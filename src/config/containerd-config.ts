@@ -181,6 +181,22 @@ export function readContainerdConfig(path: string): ContainerdConfigFiles {
   return { files, version: typeof version === 'number' ? version : 1 };
 }
 
+/**
+ * The sandbox (pause) image CRI is told to use (version 3: the images plugin's
+ * `pinned_images.sandbox`; version 2: the CRI plugin's `sandbox_image`), the last file
+ * that sets it winning as containerd merges them; undefined when none does.
+ */
+export function pinnedSandboxImage(parsed: ContainerdConfigFiles): string | undefined {
+  let image: string | undefined;
+  for (const { toml } of parsed.files) {
+    const plugins = table(toml['plugins']);
+    const v3 = table(table(plugins?.['io.containerd.cri.v1.images'])?.['pinned_images'])?.['sandbox'];
+    const v2 = table(plugins?.['io.containerd.grpc.v1.cri'])?.['sandbox_image'];
+    for (const value of [v2, v3]) if (typeof value === 'string' && value !== '') image = value;
+  }
+  return image;
+}
+
 /** The CRI runtimes tables of a config (version 3 and version 2 keys). */
 function criRuntimes(toml: Toml): Toml[] {
   const plugins = table(toml['plugins']);
@@ -201,6 +217,8 @@ export interface SandboxerHandler {
   readonly shim: string | undefined;
   /** The config file that defines it. */
   readonly file: string;
+  /** `disable_pause_image_pull = true` (containerd 2.4): CRI pulls no sandbox image for its pods. */
+  readonly disablePauseImagePull: boolean;
 }
 
 /** The handlers with `sandboxer = <sandboxer>`, each with its shim binary found on `path` or not. */
@@ -211,7 +229,7 @@ export function sandboxerHandlers(parsed: ContainerdConfigFiles, sandboxer: stri
         const t = table(value);
         if (t?.['sandboxer'] !== sandboxer) return [];
         const runtimeType = typeof t['runtime_type'] === 'string' ? t['runtime_type'] : '';
-        return [{ name, runtimeType, shim: runtimeType === '' ? undefined : findShim(runtimeType, path), file: f.path }];
+        return [{ name, runtimeType, shim: runtimeType === '' ? undefined : findShim(runtimeType, path), file: f.path, disablePauseImagePull: t['disable_pause_image_pull'] === true }];
       }),
     ),
   );

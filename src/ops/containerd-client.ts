@@ -10,6 +10,8 @@ import { resolve } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { ControllerClient } from '../gen/containerd/services/sandbox/v1/sandbox.js';
 import { StoreClient } from '../gen/containerd/services/sandbox/v1/store.js';
+import { ImagesClient } from '../gen/containerd/services/images/v1/images.js';
+import { VersionClient } from '../gen/containerd/services/version/v1/version.js';
 
 /** containerd's default gRPC socket (containerd's `defaults.DefaultAddress`). */
 export const DEFAULT_CONTAINERD_ADDRESS = '/run/containerd/containerd.sock';
@@ -26,8 +28,10 @@ const CHANNEL_OPTIONS: grpc.ClientOptions = {
 /** Deadline of a call that should answer at once (every call but Wait and Stop). */
 const QUICK_CALL_MS = 15_000;
 
-/** Which side of containerd a call went to: its own store, or the sandboxer behind it. */
-export type CallTarget = 'store' | 'controller';
+/** Which service a call went to: containerd's sandbox store, the sandboxer behind it, containerd's version or its images. */
+export type CallTarget = 'store' | 'controller' | 'version' | 'images';
+
+const SERVICE_NAMES: Record<CallTarget, string> = { store: 'Store', controller: 'Controller', version: 'Version', images: 'Images' };
 
 /** A failed call, with which service and method it was. */
 export class ContainerdCallError extends Error {
@@ -38,7 +42,7 @@ export class ContainerdCallError extends Error {
     readonly code: grpc.status,
     readonly details: string,
   ) {
-    super(`${target === 'store' ? 'Store' : 'Controller'}.${method}: ${grpc.status[code] ?? code}: ${details}`);
+    super(`${SERVICE_NAMES[target]}.${method}: ${grpc.status[code] ?? code}: ${details}`);
   }
 }
 
@@ -59,6 +63,8 @@ export interface ContainerdClient {
   readonly namespace: string;
   readonly store: StoreClient;
   readonly controller: ControllerClient;
+  readonly version: VersionClient;
+  readonly images: ImagesClient;
   /** Calls `client.method(request)` as a promise; rejects with a ContainerdCallError. */
   call<Req, Res>(target: CallTarget, method: string, request: Req, options?: CallOptions): Promise<Res>;
   close(): void;
@@ -71,13 +77,15 @@ export function connectContainerd(address: string, namespace: string): Container
   const creds = grpc.credentials.createInsecure();
   const store = new StoreClient(target, creds, CHANNEL_OPTIONS);
   const controller = new ControllerClient(target, creds, CHANNEL_OPTIONS);
+  const version = new VersionClient(target, creds, CHANNEL_OPTIONS);
+  const images = new ImagesClient(target, creds, CHANNEL_OPTIONS);
+  const clients = { store, controller, version, images };
   return {
     address: path,
     namespace,
-    store,
-    controller,
+    ...clients,
     call<Req, Res>(which: CallTarget, method: string, request: Req, options: CallOptions = {}): Promise<Res> {
-      const client = (which === 'store' ? store : controller) as unknown as Record<string, unknown>;
+      const client = clients[which] as unknown as Record<string, unknown>;
       const fn = client[method.charAt(0).toLowerCase() + method.slice(1)] as UnaryMethod<Req, Res> | undefined;
       if (typeof fn !== 'function') return Promise.reject(new Error(`no method ${which}.${method}`));
       const md = new grpc.Metadata();
@@ -100,8 +108,7 @@ export function connectContainerd(address: string, namespace: string): Container
       });
     },
     close() {
-      store.close();
-      controller.close();
+      for (const client of Object.values(clients)) client.close();
     },
   };
 }

@@ -9,11 +9,15 @@ import { setTimeout as delay } from 'node:timers/promises';
 import * as grpc from '@grpc/grpc-js';
 import { ConfigError, DEFAULT_CONTAINERD_CONFIG, type Config } from '../config/config.js';
 import { CONTAINERD_DEFAULTS, disagreements, pathsFromConfig } from '../config/containerd-paths.js';
-import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../config/containerd-config.js';
+import { type ContainerdConfigFiles, type SandboxerHandler, type Toml, findOnPath, pinnedSandboxImage, readContainerdConfig, sandboxerHandlers, shimBinaryName } from '../config/containerd-config.js';
 import { isGone, messageOf } from '../base/errors.js';
 import { detectCgroups } from '../runtime/cgroups.js';
 import { MAX_SOCKET_PATH, longestPodSocket } from '../state/layout.js';
 import { ContainerdCallError, connectContainerd, socketExists } from './containerd-client.js';
+import { KNOWN_RELEASES, describeTraits, parseRelease, releaseOfBinary, traitsOf } from './containerd-release.js';
+import type { Empty } from '../gen/google/protobuf/empty.js';
+import type { GetImageRequest } from '../gen/containerd/services/images/v1/images.js';
+import type { VersionResponse } from '../gen/containerd/services/version/v1/version.js';
 import { probeSocket } from '../transport/socket.js';
 import { EXIT } from './exit-codes.js';
 import { type HandlerRoutes, routeHandlers } from '../config/task-routes.js';
@@ -31,22 +35,21 @@ export interface DoctorOptions {
   readonly path?: string;
 }
 
-/** One check's outcome. */
+/** One check's outcome; a note (what applies, what could not be checked) is no problem. */
 export interface Finding {
   readonly ok: boolean;
   readonly what: string;
   readonly fix?: string;
+  readonly note?: boolean;
 }
 
 const pass = (what: string): Finding => ({ ok: true, what });
+const note = (what: string): Finding => ({ ok: true, what, note: true });
+
+/** The containerd namespace of CRI's images and pods. */
+const CRI_NAMESPACE = 'k8s.io';
 const fail = (what: string, fix: string): Finding => ({ ok: false, what, fix });
 
-/** Parses `containerd --version`: "containerd github.com/containerd/containerd/v2 2.1.9+ds1" → [2, 1, 9]. */
-function parseContainerdVersion(text: string): [number, number, number] | undefined {
-  const match = /\bv?(\d+)\.(\d+)\.(\d+)/.exec(text.split(/\s+/).slice(2).join(' ') || text);
-  if (match === null) return undefined;
-  return [Number(match[1]), Number(match[2]), Number(match[3])];
-}
 
 const table = (v: unknown): Toml | undefined => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Toml) : undefined);
 
@@ -145,23 +148,63 @@ function checkContainerdPaths(config: Config, read: ContainerdConfigFiles | Erro
 const REDIAL_MS = 5_000;
 
 /** containerd's version from its binary, and whether it answers on its socket. */
-async function checkContainerd(address: string, binPath?: string): Promise<Finding[]> {
+/**
+ * The running containerd's release (its version service) and what it asks of tsbox: notes on
+ * what applies, and from 2.3 on the sandbox image CRI pulls for every pod, tsbox's too, unless
+ * (2.4) tsbox's handlers set disable_pause_image_pull.
+ */
+async function checkRelease(address: string, read: ContainerdConfigFiles | Error | undefined, handlers: readonly SandboxerHandler[]): Promise<Finding[]> {
+  const client = connectContainerd(address, CRI_NAMESPACE);
+  try {
+    let text: string;
+    try {
+      text = (await client.call<Empty, VersionResponse>('version', 'Version', {}, { timeoutMs: 5_000 })).version;
+    } catch (err) {
+      return [note(`cannot ask containerd at ${address} its version (${messageOf(err)}): what it asks of a sandboxer is not checked`)];
+    }
+    const release = parseRelease(text);
+    if (release === undefined) return [note(`containerd at ${address} says its version is "${text}", which names no release: what it asks of a sandboxer is not checked`)];
+    const traits = traitsOf(release);
+    const name = release.join('.');
+    if (!traits.known) {
+      const { from, to } = KNOWN_RELEASES;
+      return [note(`containerd ${name} runs at ${address}, a release tsbox does not know (it knows ${from.join('.')} to ${to.join('.')}): what it asks of a sandboxer is not checked`)];
+    }
+    const findings = describeTraits(traits).map((what) => note(`containerd ${name} ${what}`));
+    if (!traits.pullsPauseImage) return findings;
+    const unset = handlers.filter((h) => !h.disablePauseImagePull).map((h) => h.name);
+    if (traits.knowsDisablePausePull && handlers.length > 0 && unset.length === 0) {
+      return [...findings, pass(`containerd ${name} pulls no sandbox image for tsbox pods (disable_pause_image_pull on ${handlers.map((h) => h.name).join(', ')})`)];
+    }
+    const pinned = read === undefined || read instanceof Error ? undefined : pinnedSandboxImage(read);
+    const image = pinned ?? traits.defaultSandboxImage;
+    const why = `containerd ${name} pulls the sandbox image ${image} at every RunPodSandbox, also for tsbox pods, which never run it${traits.knowsDisablePausePull ? ` (disable_pause_image_pull is not set on ${unset.join(', ')})` : ''}`;
+    const fix = `${traits.knowsDisablePausePull ? 'run "tsbox install" again (it sets disable_pause_image_pull), or ' : ''}pull or import ${image} into namespace ${CRI_NAMESPACE} (ctr -n ${CRI_NAMESPACE} images pull ${image})`;
+    try {
+      await client.call<GetImageRequest, unknown>('images', 'Get', { name: image }, { timeoutMs: 5_000 });
+      return [...findings, pass(`${why}: it is present`)];
+    } catch (err) {
+      if (err instanceof ContainerdCallError && err.code === grpc.status.NOT_FOUND) {
+        return [...findings, fail(`${why}, and it is not in namespace ${CRI_NAMESPACE}: tsbox pods fail where its registry cannot be reached`, fix)];
+      }
+      return [...findings, fail(`${why}; whether it is present cannot be asked: ${messageOf(err)}`, fix)];
+    }
+  } finally {
+    client.close();
+  }
+}
+
+async function checkContainerd(address: string, read: ContainerdConfigFiles | Error | undefined, handlers: readonly SandboxerHandler[], binPath?: string): Promise<Finding[]> {
   const findings: Finding[] = [];
   const binary = findOnPath('containerd', binPath);
   if (binary === undefined) {
     findings.push(fail('containerd is not on PATH', 'install containerd ≥ 2.0 (Debian: apt-get install containerd from a suite that has 2.x)'));
   } else {
-    let text = '';
-    try {
-      text = execFileSync(binary, ['--version'], { encoding: 'utf8', timeout: 10_000 });
-    } catch (err) {
-      findings.push(fail(`${binary} --version failed: ${messageOf(err)}`, 'reinstall containerd'));
-    }
-    const version = parseContainerdVersion(text);
-    if (text !== '' && version === undefined) findings.push(fail(`cannot read containerd's version from "${text.trim()}"`, 'install containerd ≥ 2.0'));
-    else if (version !== undefined && version[0] < 2) {
-      findings.push(fail(`containerd ${version.join('.')} is too old: tsbox needs ≥ 2.0 (1.x has no sandbox proxy plugins)`, 'install containerd 2.x'));
-    } else if (version !== undefined) findings.push(pass(`containerd ${version.join('.')} (≥ 2.0)`));
+    const found = releaseOfBinary(binary);
+    if ('error' in found) findings.push(fail(found.error, 'install containerd ≥ 2.0'));
+    else if (found.release[0] < 2) {
+      findings.push(fail(`containerd ${found.release.join('.')} is too old: tsbox needs ≥ 2.0 (1.x has no sandbox proxy plugins)`, 'install containerd 2.x'));
+    } else findings.push(pass(`containerd ${found.release.join('.')} at ${binary} (≥ 2.0)`));
   }
   if (!socketExists(address)) {
     findings.push(fail(`containerd is not running at ${address} (no socket)`, 'systemctl start containerd, or pass --address'));
@@ -199,6 +242,7 @@ async function checkContainerd(address: string, binPath?: string): Promise<Findi
   } finally {
     client.close();
   }
+  findings.push(...(await checkRelease(address, read, handlers)));
   return findings;
 }
 
@@ -296,14 +340,14 @@ export async function runDoctor(options: DoctorOptions): Promise<number> {
   const handlers = read === undefined || read instanceof Error ? [] : sandboxerHandlers(read, SANDBOXER, options.path);
   const routes = routeHandlers(config.taskApiHandlers, handlers);
   const findings = [
-    ...(await checkContainerd(options.address ?? paths.address, options.path)),
+    ...(await checkContainerd(options.address ?? paths.address, read, handlers, options.path)),
     ...checkContainerdConfig(options.containerdConfig, read, config, handlers, routes),
     ...paths.findings,
     ...checkCgroups(config),
     checkRunc(options.path),
     ...(await checkTsboxFiles(config, routes.taskApi)),
   ];
-  for (const f of findings) output.out(f.ok ? `ok    ${f.what}\n` : `FAIL  ${f.what}\n      fix: ${f.fix ?? ''}\n`);
+  for (const f of findings) output.out(f.note === true ? `note  ${f.what}\n` : f.ok ? `ok    ${f.what}\n` : `FAIL  ${f.what}\n      fix: ${f.fix ?? ''}\n`);
   const problems = findings.filter((f) => !f.ok).length;
   output.out(problems === 0 ? 'tsbox doctor: everything is in order\n' : `tsbox doctor: ${problems} problem${problems === 1 ? '' : 's'}\n`);
   return problems === 0 ? EXIT.ok : EXIT.unhealthy;

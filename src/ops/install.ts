@@ -15,6 +15,8 @@ import { messageOf } from '../base/errors.js';
 import { DAEMON_NODE_FLAGS } from '../base/node-flags.js';
 import { systemdIsInit } from '../runtime/systemd.js';
 import { EXIT, OperatorError } from './exit-codes.js';
+import { releaseOfBinary, traitsOf } from './containerd-release.js';
+import { findOnPath } from '../config/containerd-config.js';
 import { SANDBOXER, type Output } from './sandbox-commands.js';
 
 /** Where install puts things, as the node sees them (below --root in tests). */
@@ -30,6 +32,8 @@ export interface InstallOptions {
   readonly containerdConfig: string;
   /** The tsbox command the unit runs; default: this program as it was started. */
   readonly execPath?: string | undefined;
+  /** PATH to find containerd on, whose release decides disable_pause_image_pull (default: the environment's). */
+  readonly path?: string;
   /** runc's systemd cgroup driver for the CRI handler; default: whether systemd is this machine's init. */
   readonly systemdCgroup?: boolean;
   readonly output: Output;
@@ -95,7 +99,7 @@ WantedBy=multi-user.target
  * plugin on tsbox's socket and the CRI runtime handler whose pods run on it. `reference`
  * ends the comment on the handler (a pointer into SPEC.md, or nothing).
  */
-export function sandboxerTables(config: Config, reference = '', systemdCgroup = false): string {
+export function sandboxerTables(config: Config, reference = '', systemdCgroup = false, disablePausePull = false): string {
   // kubelet's systemd cgroup driver sends slices as cgroup parents; runc must then make its
   // containers' cgroups through systemd too, as the sandbox's are.
   const options = systemdCgroup
@@ -116,15 +120,34 @@ export function sandboxerTables(config: Config, reference = '', systemdCgroup = 
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.${SANDBOXER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = "${SANDBOXER}"
-${options}`;
+${disablePausePull ? '  # tsbox pods run no pause container: CRI pulls no sandbox image for them (containerd ≥ 2.4).\n  disable_pause_image_pull = true\n' : ''}${options}`;
 }
 
 /** The drop-in containerd imports: tsbox as sandboxer and as CRI runtime handler. */
-function containerdDropIn(config: Config, systemdCgroup: boolean): string {
+function containerdDropIn(config: Config, systemdCgroup: boolean, disablePausePull: boolean): string {
   return `# Installed by "tsbox install"; "tsbox uninstall" removes it.
 version = 3
 
-${sandboxerTables(config, '', systemdCgroup)}`;
+${sandboxerTables(config, '', systemdCgroup, disablePausePull)}`;
+}
+
+/**
+ * The release of the containerd on PATH (the one the restart that follows install starts) and
+ * what install must say or set for it: from 2.3, CRI pulls the sandbox image for every pod; 2.4
+ * lets a handler turn that off.
+ */
+function releaseAdvice(path: string | undefined): { disablePausePull: boolean; line: string } {
+  const binary = findOnPath('containerd', path);
+  if (binary === undefined) return { disablePausePull: false, line: 'containerd is not on PATH: its release is unknown, disable_pause_image_pull is not set (tsbox doctor checks the running one)' };
+  const found = releaseOfBinary(binary);
+  if ('error' in found) return { disablePausePull: false, line: `${found.error}: disable_pause_image_pull is not set (tsbox doctor checks the running containerd)` };
+  const traits = traitsOf(found.release);
+  const name = `containerd ${found.release.join('.')}`;
+  if (traits.knowsDisablePausePull) return { disablePausePull: true, line: `${name}: disable_pause_image_pull is set on handler ${SANDBOXER} (CRI pulls no pause image for tsbox pods)` };
+  if (traits.pullsPauseImage) {
+    return { disablePausePull: false, line: `${name} pulls the sandbox image (${traits.defaultSandboxImage} unless pinned_images.sandbox names another) for every pod, also tsbox's: keep it on the node (tsbox doctor checks)` };
+  }
+  return { disablePausePull: false, line: `${name}: pulls no sandbox image for tsbox pods` };
 }
 
 /** The config install creates when containerd has none. */
@@ -268,13 +291,15 @@ export function install(options: InstallOptions): number {
   // containerd's config first: if it is refused, nothing else is written.
   const containerdConfigPath = at(options.containerdConfig);
   if (existsSync(containerdConfigPath)) parseContainerd(containerdConfigPath, readFileSync(containerdConfigPath, 'utf8'));
+  const release = releaseAdvice(options.path);
   const changes: [string, string][] = [
     [writeOwned(at(UNIT_PATH), systemdUnit(exec, config)), at(UNIT_PATH)],
-    [writeOwned(at(DROP_IN_PATH), containerdDropIn(config, options.systemdCgroup ?? systemdIsInit())), at(DROP_IN_PATH)],
+    [writeOwned(at(DROP_IN_PATH), containerdDropIn(config, options.systemdCgroup ?? systemdIsInit(), release.disablePausePull)), at(DROP_IN_PATH)],
   ];
   const edit = editContainerdConfig(containerdConfigPath, true);
   changes.push([edit === 'changed' ? `added ${DROP_IN_PATH} to the imports of` : edit, containerdConfigPath]);
   for (const [what, path] of changes) output.out(`${what.padEnd(8)} ${path}\n`);
+  output.out(`${release.line}\n`);
   if (changes.some(([what]) => what !== 'unchanged')) {
     output.out('next: systemctl daemon-reload && systemctl enable --now tsbox && systemctl restart containerd\n');
   }

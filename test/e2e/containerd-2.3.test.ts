@@ -11,7 +11,9 @@ import path from 'node:path';
 import { describe, test } from 'node:test';
 import type { PodSandboxConfig } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
-import { RUNC_HANDLER, TSBOX_TASK_HANDLER, usePodEnv } from '../support/pod-env.js';
+import { PAUSE_IMAGES, importTestImages } from '../support/images.js';
+import { RUNC_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv } from '../support/pod-env.js';
+import { EXIT } from '../../src/ops/exit-codes.js';
 
 const RELEASE = '2.3.4';
 
@@ -121,5 +123,26 @@ describe(`containerd ${RELEASE}: the pod's spec and its resources updated in pla
       assert.equal((await harness.exec(c, ['true'])).code, 0);
       await removePod(id, [c]);
       await assertNothingLeft(id, [c]);
+    }));
+
+  test('tsbox doctor names containerd 2.3.4 and what it asks; without the sandbox image it fails naming it, as a tsbox pod then fails to start', () =>
+    withLogs(async () => {
+      const present = await doctor(harness.env, RELEASE);
+      assert.match(present.stdout, /^ok +containerd 2\.3\.4 at .* \(≥ 2\.0\)$/m, present.stdout);
+      assert.match(present.stdout, /^note +containerd 2\.3\.4 keeps the pod's OCI spec tsbox returns from Start/m);
+      assert.match(present.stdout, /^ok +containerd 2\.3\.4 pulls the sandbox image registry\.k8s\.io\/pause:3\.10\.2 at every RunPodSandbox, also for tsbox pods, which never run it: it is present$/m);
+
+      for (const image of PAUSE_IMAGES) await harness.env.containerd.ctr(['images', 'rm', image], { namespace: 'k8s.io' });
+      try {
+        const absent = await doctor(harness.env, RELEASE);
+        assert.equal(absent.code, EXIT.unhealthy, absent.stdout);
+        assert.match(absent.stdout, /^FAIL +containerd 2\.3\.4 pulls the sandbox image registry\.k8s\.io\/pause:3\.10\.2 .*and it is not in namespace k8s\.io/m);
+        assert.match(absent.stdout, /fix: pull or import registry\.k8s\.io\/pause:3\.10\.2 into namespace k8s\.io/);
+        // What doctor warns of: this node reaches no registry.
+        await assert.rejects(runPod(harness.env.podConfig('no-pause'), TSBOX_TASK_HANDLER), /failed to pull image "registry\.k8s\.io\/pause:3\.10\.2"/);
+      } finally {
+        // The archive the env imported at its start, in its work dir.
+        await importTestImages(harness.env.containerd, path.dirname(harness.env.logRoot));
+      }
     }));
 });

@@ -8,13 +8,16 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { type CriPodSandboxStats, createSandboxClients } from '../support/containerd-clients.js';
-import { RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, usePodEnv } from '../support/pod-env.js';
+import path from 'node:path';
+import { PAUSE_IMAGES, importTestImages } from '../support/images.js';
+import { RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv } from '../support/pod-env.js';
 import { waitFor } from '../support/tsbox-daemon.js';
 
 const RELEASE = '2.4.0-dev.20260822';
 
 describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each task delete`, { timeout: 600_000 }, () => {
-  const harness = usePodEnv({ containerdRelease: RELEASE });
+  // As `tsbox install` registers tsbox with containerd 2.4: no pause image pulled for its pods.
+  const harness = usePodEnv({ containerdRelease: RELEASE, disablePauseImagePull: true });
   const { withLogs, runPod, startContainer, removePod, assertNothingLeft, sh } = harness;
 
   const usage = (stats: CriPodSandboxStats | null): { cpu: bigint; memory: bigint } => ({
@@ -83,5 +86,26 @@ describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each 
       assert.equal(status?.state, 'CONTAINER_RUNNING');
       await removePod(id, [second, third]);
       await assertNothingLeft(id, [first, second, third]);
+    }));
+
+  test('with disable_pause_image_pull on its handlers (as tsbox install sets it), a tsbox pod starts with no pause image on the node; doctor says so', () =>
+    withLogs(async () => {
+      for (const image of PAUSE_IMAGES) await harness.env.containerd.ctr(['images', 'rm', image], { namespace: 'k8s.io' });
+      try {
+        const r = await doctor(harness.env, RELEASE);
+        assert.match(r.stdout, /^ok +containerd 2\.4\.0 pulls no sandbox image for tsbox pods \(disable_pause_image_pull on tsbox, tsbox-task\)$/m, r.stdout);
+        assert.match(r.stdout, /^note +containerd 2\.4\.0 takes a pod's CPU and memory from tsbox's Metrics$/m);
+        const config = harness.env.podConfig('no-pause');
+        const id = await runPod(config, TSBOX_TASK_HANDLER);
+        const c = await startContainer(id, config, 'main', 'exec sleep 100000');
+        assert.equal((await sh(c, 'echo up')).trim(), 'up');
+        // podsandbox runs the pause image: it still needs it.
+        await assert.rejects(runPod(harness.env.podConfig('no-pause-runc'), RUNC_HANDLER), /pause:3\.10\.2/);
+        await removePod(id, [c]);
+        await assertNothingLeft(id, [c]);
+      } finally {
+        // The archive the env imported at its start, in its work dir.
+        await importTestImages(harness.env.containerd, path.dirname(harness.env.logRoot));
+      }
     }));
 });

@@ -83,7 +83,7 @@ describe('tsbox doctor', () => {
     assert.ok(r.stdout.includes(`ok    containerd's root ${d.paths.root}, state ${d.paths.state}, socket ${d.address} (from ${d.paths.configPath})\n`), r.stdout);
     assert.ok(r.stdout.includes(`containerd at ${d.address} reaches tsbox`), 'it reached containerd on the socket its config names');
     for (const ok of [
-      /containerd 2\.\d+\.\d+ \(≥ 2\.0\)/,
+      /containerd 2\.\d+\.\d+ at \S+ \(≥ 2\.0\)/,
       /registered as sandbox proxy plugin "tsbox"/,
       /CRI runtime handler "tsbox" runs on tsbox; tsbox runs its containers with runc over the Task API, without a shim per pod$/,
       /cgroup v[12]/,
@@ -95,6 +95,9 @@ describe('tsbox doctor', () => {
     ]) {
       assert.match(r.stdout, new RegExp(`^ok .*${ok.source}`, 'm'));
     }
+    // The running containerd's release, and what it does with a sandboxer (2.1: none of 2.3's or 2.4's asks).
+    assert.match(r.stdout, /^note {2}containerd 2\.1\.\d+ ignores the pod's spec from Start/m);
+    assert.doesNotMatch(r.stdout, /sandbox image/, 'containerd 2.1 pulls no pause image for tsbox pods');
   });
 
   test('with the Task API route off, says the handler\'s containers use containerd\'s runc shim', async () => {

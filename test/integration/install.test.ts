@@ -11,7 +11,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import path from 'node:path';
 import { parse } from 'smol-toml';
-import { type CommandResult, runCommand } from '../support/containerd.js';
+import { type CommandResult, containerdRelease, releaseProgram, runCommand } from '../support/containerd.js';
 import { makeTempDir, removeTree, tsboxMain, which } from '../support/tsbox-daemon.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
 import { DAEMON_NODE_FLAGS } from '../../src/base/node-flags.js';
@@ -140,6 +140,32 @@ root = "/var/lib/containerd"
       assert.match(r.stderr, /fix: /);
       assert.equal(readFileSync(path.join(root, CONFIG), 'utf8'), text, 'the config is untouched');
       assert.ok(!existsSync(path.join(root, UNIT)) && !existsSync(path.join(root, DROP_IN)), 'nothing else was installed');
+    });
+  }
+
+  // The release of the containerd on PATH decides disable_pause_image_pull: each containerd reads the drop-in back.
+  for (const [release, disabled, says] of [
+    ['system', false, /pulls no sandbox image for tsbox pods/],
+    ['2.3.4', false, /containerd 2\.3\.4 pulls the sandbox image \(registry\.k8s\.io\/pause:3\.10\.2 unless pinned_images\.sandbox names another\) for every pod, also tsbox's: keep it on the node/],
+    ['2.4.0-dev.20260822', true, /containerd 2\.4\.0: disable_pause_image_pull is set on handler tsbox/],
+  ] as const) {
+    test(`with containerd ${release} on PATH: disable_pause_image_pull ${disabled ? 'set' : 'not set'}, and that containerd reads the drop-in`, async () => {
+      const dir = containerdRelease(release).dir;
+      const binary = releaseProgram('containerd', containerdRelease(release));
+      assert.ok(binary !== undefined, `containerd ${release} is there (scripts/install-containerd.sh)`);
+      const root = freshRoot();
+      const env = { ...process.env, PATH: dir === undefined ? process.env['PATH'] : `${dir}:${process.env['PATH'] ?? ''}` };
+      const r = await runCommand(process.execPath, [tsboxMain, 'install', '--root', root], 30_000, env);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, says);
+      const probe = path.join(root, 'probe.toml');
+      writeFileSync(probe, `version = 3\nimports = [${JSON.stringify(path.join(root, DROP_IN))}]\n`);
+      const dump = await runCommand(binary, ['--config', probe, 'config', 'dump'], 30_000);
+      assert.equal(dump.code, 0, dump.stderr);
+      const merged = parseToml(dump.stdout) as { plugins: Record<string, { containerd: { runtimes: Record<string, Record<string, unknown>> } }> };
+      const handler = merged.plugins['io.containerd.cri.v1.runtime']?.containerd.runtimes['tsbox'];
+      assert.equal(handler?.['sandboxer'], 'tsbox');
+      assert.equal(handler?.['disable_pause_image_pull'] === true, disabled, JSON.stringify(handler));
     });
   }
 });

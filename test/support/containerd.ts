@@ -34,6 +34,8 @@ export interface ContainerdConfigOptions {
   runtimeType?: string;
   /** containerd's log level. Default `debug`. */
   logLevel?: string;
+  /** More keys of the sandboxer's handler table (lines of TOML), e.g. disable_pause_image_pull. */
+  handlerToml?: string;
   /** Extra TOML appended verbatim (tables only); a function gets the instance's paths. */
   extraToml?: string | ((paths: ContainerdPaths) => string);
 }
@@ -149,7 +151,7 @@ required_plugins = ${tomlArray(requiredPlugins)}
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${name}]
   runtime_type = ${tomlString(runtimeType)}
   sandboxer = ${tomlString(name)}
-${typeof options.extraToml === 'function' ? options.extraToml(paths) : (options.extraToml ?? '')}`;
+${options.handlerToml ?? ''}${typeof options.extraToml === 'function' ? options.extraToml(paths) : (options.extraToml ?? '')}`;
 }
 
 const CAP_SYS_RESOURCE = 24;

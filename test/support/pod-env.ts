@@ -21,7 +21,7 @@ import {
   createCriRuntimeClient,
   grpc,
 } from './containerd-clients.js';
-import { type Containerd, containerdRelease, containerdUnavailableReason, startContainerd, waitForCri } from './containerd.js';
+import { type CommandResult, type Containerd, containerdRelease, containerdUnavailableReason, runCommand, startContainerd, waitForCri } from './containerd.js';
 import { cgroupMounts } from './host.js';
 import { stateLayout } from '../../src/state/layout.js';
 import { formerTaskDirs, taskDirs } from '../../src/tasks/serve.js';
@@ -33,6 +33,7 @@ import {
   createSandboxerDaemon,
   makeTempDir,
   removeTree,
+  tsboxMain,
   tsboxSandboxer,
   waitFor,
 } from './tsbox-daemon.js';
@@ -116,6 +117,8 @@ export async function startPodEnv(
     runOnTmpfs?: boolean;
     /** A containerd release unpacked into .cache/containerd (e.g. 2.3.4); default TSBOX_E2E_CONTAINERD, else Debian's. */
     containerdRelease?: string;
+    /** `disable_pause_image_pull = true` on tsbox's handlers, as `tsbox install` sets it for containerd 2.4. */
+    disablePauseImagePull?: boolean;
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason(containerdRelease(options.containerdRelease ?? process.env['TSBOX_E2E_CONTAINERD']));
@@ -151,6 +154,7 @@ export async function startPodEnv(
       logLevel: options.containerdLogLevel ?? 'info',
       stateOnTmpfs: options.runOnTmpfs === true,
       ...(options.containerdRelease === undefined ? {} : { release: options.containerdRelease }),
+      ...(options.disablePauseImagePull === true ? { handlerToml: '  disable_pause_image_pull = true\n' } : {}),
       extraToml: (paths) => `
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
@@ -158,7 +162,7 @@ export async function startPodEnv(
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${TSBOX_TASK_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
   sandboxer = ${JSON.stringify(TSBOX_HANDLER)}
-${options.runOnTmpfs === true ? [RUNC_HANDLER, TSBOX_HANDLER].map((h) => `[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${h}.options]\n  Root = ${JSON.stringify(path.join(paths.state, 'runc'))}\n`).join('') : ''}${options.containerdToml ?? ''}`,
+${options.disablePauseImagePull === true ? '  disable_pause_image_pull = true\n' : ''}${options.runOnTmpfs === true ? [RUNC_HANDLER, TSBOX_HANDLER].map((h) => `[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${h}.options]\n  Root = ${JSON.stringify(path.join(paths.state, 'runc'))}\n`).join('') : ''}${options.containerdToml ?? ''}`,
     });
     // CNI: containerd's private bin dir gets the Debian plugins, its conf dir our bridge.
     for (const plugin of ['bridge', 'host-local', 'loopback']) {
@@ -534,3 +538,18 @@ export function usePodEnv(
   };
 }
 
+
+/**
+ * `tsbox doctor` as an operator runs it on the env's node: containerd's config, tsbox's socket
+ * and state dir, and PATH with the release's programs first (its `containerd --version`).
+ */
+export function doctor(env: PodEnv, release?: string): Promise<CommandResult> {
+  const dir = containerdRelease(release).dir;
+  const PATH = dir === undefined ? process.env['PATH'] : `${dir}:${process.env['PATH'] ?? ''}`;
+  return runCommand(
+    process.execPath,
+    [tsboxMain, 'doctor', '--containerd-config', env.containerd.paths.configPath, '--socket', env.tsbox.socketPath, '--state-dir', env.tsbox.stateDir],
+    60_000,
+    { ...process.env, PATH },
+  );
+}

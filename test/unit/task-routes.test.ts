@@ -6,7 +6,7 @@ import { describe, test } from 'node:test';
 import type { SandboxerHandler } from '../../src/config/containerd-config.js';
 import { RUNC_RUNTIME_TYPE, routeHandlers } from '../../src/config/task-routes.js';
 
-const handler = (name: string, runtimeType: string): SandboxerHandler => ({ name, runtimeType, shim: undefined, file: '/etc/containerd/config.toml' });
+const handler = (name: string, runtimeType: string): SandboxerHandler => ({ name, runtimeType, shim: undefined, file: '/etc/containerd/config.toml', disablePauseImagePull: false });
 const NODE = [handler('tsbox', RUNC_RUNTIME_TYPE), handler('tsbox-kata', 'io.containerd.kata.v2'), handler('tsbox-fast', RUNC_RUNTIME_TYPE), handler('tsbox-untyped', '')];
 
 describe('routeHandlers', () => {
