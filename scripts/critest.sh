@@ -4,7 +4,10 @@
 # containerd's default handler must pass with handler tsbox, on each of tsbox's two routes for a
 # pod's containers: the Task API route (version 3: tsbox runs them; the default) and the shim
 # route (version 2: containerd's runc shim; --task-api-handlers ''). Needs root and a built tsbox.
-# CRITEST_ROUTES (default "shim task") chooses the routes.
+# CRITEST_ROUTES (default "shim task") chooses the routes. CRITEST_CONTAINERD names a release
+# that scripts/install-containerd.sh unpacked into .cache/containerd (e.g. 2.3.4; default the
+# containerd on PATH), CRITEST_BIN_DIR another critest (e.g. ../shared/tools/critest/bin-v1.36);
+# podsandbox's results are then kept under a name of their own (critest-podsandbox-2.3.4-bin-v1.36.json).
 #
 # A spec that fails only on tsbox is run again, alone (--ginkgo.focus), up to twice, when at
 # most three did: containerd 2.1 has races on the version-2 route that a run hits now and then
@@ -34,6 +37,14 @@ if [ ! -f "$tool/run-critest.sh" ]; then
   exit 1
 fi
 images="${CRITEST_IMAGES:-$PWD/.cache/critest-images}"
+if [ -n "${CRITEST_CONTAINERD:-}" ]; then
+  release_dir="$PWD/.cache/containerd/$CRITEST_CONTAINERD"
+  [ -x "$release_dir/containerd" ] || { echo "critest: no containerd $CRITEST_CONTAINERD in $release_dir (run scripts/install-containerd.sh)" >&2; exit 1; }
+  export PATH="$release_dir:$PATH"
+fi
+[ -z "${CRITEST_BIN_DIR:-}" ] || export CRITEST_BIN_DIR="$(cd "$CRITEST_BIN_DIR" && pwd)"
+# podsandbox's results, named after the containerd and critest they came from.
+reference_file=".cache/critest-podsandbox${CRITEST_CONTAINERD:+-$CRITEST_CONTAINERD}${CRITEST_BIN_DIR:+-$(basename "$CRITEST_BIN_DIR")}.json"
 if [ ! -f "$images/images.list" ]; then
   echo "==> critest: building the stand-in images into $images" >&2
   rm -rf "$images.new"
@@ -69,7 +80,13 @@ run() { # handler work-dir [result-name focus]
   local out="$work.out" err="$work.err"
   [ -z "$name" ] || { out="$work.$name.out"; err="$work.$name.err"; }
   echo "==> critest: handler $handler${name:+ ($name)}${route:+, $route route}" >&2
-  [ -d "$work/images" ] || { mkdir -p "$work" && cp -a "$images" "$work/images"; }
+  if [ ! -d "$work/images" ]; then
+    mkdir -p "$work" && cp -a "$images" "$work/images"
+    # critest v1.36's image specs also pull registry.k8s.io/pause:3.9 (from two registry names,
+    # counting its tags): an image no other spec pulls stands in for it (the digest spec that
+    # pulls test-image-digest is skipped here), so that no sandbox image shares its tags.
+    printf '%s\n' "test-image-digest pause:3.9" >> "$work/images/images.list"
+  fi
   CRITEST_WORK="$work" TSBOX_CMD="$tsbox_cmd" RESULT_NAME="${name:-$handler}" FOCUS="$focus" \
     bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
   tail -n 1 "$out" >&2
@@ -80,7 +97,7 @@ focus_of() { node -e 'process.stdout.write(process.argv[1].replace(/[\\.+*?()|[\
 passed_in() { node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); process.exit(r.passed.includes(process.argv[2]) ? 0 : 1)' "$1" "$2"; }
 route=""
 if [ -z "$reference" ]; then
-  rm -f .cache/critest-podsandbox.json
+  rm -f "$reference_file"
   run default "$base/d"
   if [ -f "$base/d/results-default.json" ]; then
     # A containerd race (a StopPodSandbox whose kill meets the ending runc shim: "ttrpc:
@@ -100,11 +117,11 @@ if [ -z "$reference" ]; then
         passed_in "$base/d/results-$name.json" "$spec" && break
       done
     done < <(node scripts/critest-compare.mjs --failed-list "$base/d/results-default.json")
-    node scripts/critest-compare.mjs --merge-reruns "$base/d/results-default.json" "${reruns[@]}" > .cache/critest-podsandbox.json
+    node scripts/critest-compare.mjs --merge-reruns "$base/d/results-default.json" "${reruns[@]}" > "$reference_file"
   fi
-  reference=.cache/critest-podsandbox.json
+  reference="$reference_file"
   if [ "$podsandbox_only" = 1 ]; then
-    [ -f .cache/critest-podsandbox.json ] || { echo "critest: podsandbox's run left no results (see $base/d.err)" >&2; exit 1; }
+    [ -f "$reference_file" ] || { echo "critest: podsandbox's run left no results (see $base/d.err)" >&2; exit 1; }
     ok=1
     exit 0
   fi

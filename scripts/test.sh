@@ -5,7 +5,9 @@
 # checks lint and generated code and runs the other tests in four lanes at once:
 #
 #   critest   on this machine: Kubernetes' CRI validation suite on podsandbox, then on tsbox
-#             pods of each route against podsandbox's results
+#             pods of each route against podsandbox's results; then on containerd 2.3.4 (the
+#             long-term release): critest v1.36 on podsandbox and tsbox pods, and the pods,
+#             restart, CRI and churn tests
 #   machine   on this machine: generated code, lint, then the unit, integration and
 #             end-to-end tiers, two test files at a time
 #   node A    a cgroup v2 node with systemd (user-mode Linux, scripts/test-uml-node.sh): the
@@ -126,6 +128,17 @@ flock -u 8
 exec 8>&-
 step "CRI validation (critest): tsbox pods of each route against podsandbox's results"
 part critest "tsbox (both routes)" bash scripts/critest.sh --reference .cache/critest-podsandbox.json || failed+=("critest on this machine")
+# containerd 2.3, the long-term release (unpacked by install-containerd.sh): critest v1.36, which
+# also checks what CRI v1.33 to v1.36 added, on podsandbox and on tsbox pods; then the
+# end-to-end tiers of pods (both routes), restarts, CRI and churn. 2.3's and 2.4's own asks are
+# test/e2e/containerd-2.3.test.ts and containerd-2.4.test.ts, in the machine's tests.
+step "containerd 2.3.4: critest v1.36 on podsandbox and on tsbox pods (Task API route)"
+part critest "containerd 2.3.4: critest v1.36" env CRITEST_CONTAINERD=2.3.4 CRITEST_BIN_DIR=../shared/tools/critest/bin-v1.36 CRITEST_ROUTES=task \
+  bash scripts/critest.sh || failed+=("critest v1.36 on containerd 2.3.4")
+step "containerd 2.3.4: pods on both routes, restarts, CRI, churn"
+part critest "containerd 2.3.4: end-to-end" env TSBOX_E2E_CONTAINERD=2.3.4 TSBOX_CHURN_PODS=20 node --test --test-concurrency=1 --expose-gc \
+  dist/test/e2e/pods-task-api.test.js dist/test/e2e/pods.test.js dist/test/e2e/restart.test.js dist/test/e2e/cri.test.js dist/test/e2e/churn.test.js \
+  || failed+=("end-to-end tests on containerd 2.3.4")
 
 lane() { # name pid log
   local rc=0

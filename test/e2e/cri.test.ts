@@ -15,7 +15,9 @@ import {
   expectGrpcError,
   grpc,
 } from '../support/containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from '../support/containerd.js';
+import path from 'node:path';
+import { type Containerd, containerdUnavailableReason, releaseTraits, startContainerd, waitForCri } from '../support/containerd.js';
+import { importTestImages } from '../support/images.js';
 import {
   type SandboxerDaemon,
   processAlive,
@@ -56,6 +58,9 @@ describe('Kubernetes CRI pods on the sandboxer', () => {
     cri = client;
     // NetworkReady stays false (no CNI config): host-network pods do not need it.
     await waitForCri(client, ['RuntimeReady'], () => containerd?.logTail() ?? '', 30_000);
+    // As on a node: from containerd 2.3, which pulls the sandbox image for every pod (tsbox's
+    // too), it is there; before, a tsbox pod needs no image.
+    if (releaseTraits().pullsPauseImage) await importTestImages(containerd, path.dirname(containerd.paths.configPath));
   });
 
   after(async () => {
@@ -107,11 +112,13 @@ describe('Kubernetes CRI pods on the sandboxer', () => {
       const id = run.pod_sandbox_id;
       pods.push(id);
       assert.match(id, /^[0-9a-f]{64}$/);
-      // A pod on a proxy sandboxer needs no pause image: CRI pulled nothing.
+      // A pod on a proxy sandboxer needs no pause image: before containerd 2.3, CRI pulled nothing.
       assert.ok(containerd);
-      const images = await containerd.ctr(['images', 'ls', '-q'], { namespace: criNamespace });
-      assert.equal(images.code, 0, images.stderr);
-      assert.equal(images.stdout.trim(), '', `no image pulled for the pod, found: ${images.stdout}`);
+      if (!releaseTraits().pullsPauseImage) {
+        const images = await containerd.ctr(['images', 'ls', '-q'], { namespace: criNamespace });
+        assert.equal(images.code, 0, images.stderr);
+        assert.equal(images.stdout.trim(), '', `no image pulled for the pod, found: ${images.stdout}`);
+      }
 
       const ready = await c.call('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
       assert.equal(ready.status?.state, 'SANDBOX_READY');

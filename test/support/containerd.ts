@@ -23,6 +23,7 @@ import {
   which,
 } from './tsbox-daemon.js';
 import { type CriRuntimeMethods, type UnaryClient, createSandboxClients, repoRoot } from './containerd-clients.js';
+import { type ReleaseTraits, releaseOfBinary, traitsOf } from '../../src/ops/containerd-release.js';
 
 /** What goes into the generated config. */
 export interface ContainerdConfigOptions {
@@ -241,6 +242,15 @@ export function releaseProgram(program: 'containerd' | 'ctr', release = containe
   if (dir === undefined) return which(program);
   const file = path.join(dir, program);
   return existsSync(file) ? file : undefined;
+}
+
+/** What the release under test does with a sandboxer (src/ops/containerd-release.ts), from its `containerd --version`. */
+export function releaseTraits(release = containerdRelease()): ReleaseTraits {
+  const binary = releaseProgram('containerd', release);
+  if (binary === undefined) throw new Error(`no containerd ${release.name}`);
+  const found = releaseOfBinary(binary);
+  if ('error' in found) throw new Error(found.error);
+  return traitsOf(found.release);
 }
 
 /** Why containerd end-to-end tests cannot run here, or undefined when they can. */
