@@ -11,6 +11,8 @@ import path from 'node:path';
 import { describe, test } from 'node:test';
 import type { PodSandboxConfig } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
+import { nriSocket } from '../support/containerd.js';
+import { type NriPod, connectNriPlugin } from '../support/nri-plugin.js';
 import { PAUSE_IMAGES, importTestImages } from '../support/images.js';
 import { RUNC_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv } from '../support/pod-env.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
@@ -23,7 +25,7 @@ interface OciSpec {
 }
 
 describe(`containerd ${RELEASE}: the pod's spec and its resources updated in place`, { timeout: 600_000 }, () => {
-  const harness = usePodEnv({ containerdRelease: RELEASE });
+  const harness = usePodEnv({ containerdRelease: RELEASE, nri: true });
   const { withLogs, runPod, startContainer, removePod, assertNothingLeft, pidOf } = harness;
 
   /** PodSandboxStatus verbose, as `crictl inspectp` prints it: CRI's info JSON. */
@@ -85,6 +87,43 @@ describe(`containerd ${RELEASE}: the pod's spec and its resources updated in pla
       await removePod(id, [c]);
       await removePod(ref, []);
       await assertNothingLeft(id, [c]);
+    }));
+
+  test('an NRI plugin sees a tsbox pod as it sees a podsandbox pod: its namespaces (each the pod\'s), cgroups path, limits and pid', () =>
+    withLogs(async () => {
+      const plugin = connectNriPlugin(nriSocket(harness.env.containerd.paths));
+      try {
+        const { runtimeName, runtimeVersion } = await plugin.ready;
+        assert.equal(runtimeName, 'containerd');
+        assert.match(runtimeVersion, /2\.3\.4/);
+        const parent = `/tsbox-e2e-${process.pid}/nri`;
+        const id = await runPod(podConfig('nri-tsbox', parent), TSBOX_TASK_HANDLER);
+        const ref = await runPod(podConfig('nri-runc', parent), RUNC_HANDLER);
+        const [mine, theirs] = [await plugin.pod(id), await plugin.pod(ref)];
+        const types = (pod: NriPod): string[] => (pod.linux?.namespaces ?? []).map((n) => n.type).sort();
+        assert.deepEqual(types(mine), types(theirs), `the same namespaces: tsbox ${JSON.stringify(mine.linux)}, podsandbox ${JSON.stringify(theirs.linux)}`);
+        assert.ok(types(mine).includes('pid') && types(mine).includes('network'), types(mine).join(','));
+        assert.equal(theirs.linux?.cgroups_path, `${parent}/${ref}`);
+        assert.equal(mine.linux?.cgroups_path, `${parent}/${id}`);
+        assert.equal(mine.linux?.cgroup_parent, parent);
+        assert.equal(mine.runtime_handler, TSBOX_TASK_HANDLER);
+        const sandbox = await pidOf('PodSandboxStatus', id);
+        assert.equal(mine.pid, sandbox, "NRI has the sandbox's pid");
+        assert.ok(theirs.pid > 0);
+        // The paths name the sandbox's namespaces (the network one is the pod's netns).
+        const inode = (file: string): number => statSync(file).ino;
+        for (const ns of mine.linux?.namespaces ?? []) {
+          if (ns.type === 'network') continue;
+          const file = ns.type === 'mount' ? 'mnt' : ns.type;
+          assert.equal(inode(ns.path), inode(`/proc/${sandbox}/ns/${file}`), `${ns.type}: ${ns.path}`);
+        }
+        assert.equal(mine.linux?.resources?.memory?.limit?.value, String(128 * 1024 * 1024), "the pod cgroup's memory limit");
+        assert.equal(mine.annotations['io.kubernetes.cri.sandbox-name'], 'nri-tsbox');
+        await removePod(id, []);
+        await removePod(ref, []);
+      } finally {
+        plugin.close();
+      }
     }));
 
   test('UpdatePodSandboxResources sets the pod cgroup\'s new limits (resources plus overhead) and the runtimeSpec shows them; one the kernel refuses fails naming the file and the former limits stay', () =>

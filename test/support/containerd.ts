@@ -37,6 +37,8 @@ export interface ContainerdConfigOptions {
   logLevel?: string;
   /** More keys of the sandboxer's handler table (lines of TOML), e.g. disable_pause_image_pull. */
   handlerToml?: string;
+  /** NRI on, its socket at nriSocket(paths) (else the plugin is disabled: it would listen on /var/run/nri). */
+  nri?: boolean;
   /** Extra TOML appended verbatim (tables only); a function gets the instance's paths. */
   extraToml?: string | ((paths: ContainerdPaths) => string);
 }
@@ -80,6 +82,13 @@ export function containerdPaths(dir: string): ContainerdPaths {
  * (content, snapshotters native/overlayfs, metadata, images, sandbox store and controllers)
  * stays.
  */
+const NRI_PLUGIN = 'io.containerd.nri.v1.nri';
+
+/** Where an instance with `nri` on listens for NRI plugins. */
+export function nriSocket(paths: ContainerdPaths): string {
+  return path.join(paths.dir, 'nri', 'nri.sock');
+}
+
 export const disabledPlugins: readonly string[] = [
   'io.containerd.snapshotter.v1.btrfs',
   'io.containerd.snapshotter.v1.devmapper',
@@ -113,7 +122,7 @@ export function containerdConfig(paths: ContainerdPaths, options: ContainerdConf
 root = ${tomlString(paths.root)}
 state = ${tomlString(paths.state)}
 temp = ${tomlString(paths.temp)}
-disabled_plugins = ${tomlArray(disabledPlugins)}
+disabled_plugins = ${tomlArray(disabledPlugins.filter((p) => options.nri !== true || p !== NRI_PLUGIN))}
 required_plugins = ${tomlArray(requiredPlugins)}
 
 [grpc]
@@ -152,7 +161,20 @@ required_plugins = ${tomlArray(requiredPlugins)}
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${name}]
   runtime_type = ${tomlString(runtimeType)}
   sandboxer = ${tomlString(name)}
-${options.handlerToml ?? ''}${typeof options.extraToml === 'function' ? options.extraToml(paths) : (options.extraToml ?? '')}`;
+${options.handlerToml ?? ''}${
+    options.nri === true
+      ? `
+# NRI for external plugins, below the instance's dir.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = ${tomlString(nriSocket(paths))}
+  plugin_path = ${tomlString(path.join(paths.dir, 'nri', 'plugins'))}
+  plugin_config_path = ${tomlString(path.join(paths.dir, 'nri', 'conf.d'))}
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "5s"
+`
+      : ''
+  }${typeof options.extraToml === 'function' ? options.extraToml(paths) : (options.extraToml ?? '')}`;
 }
 
 const CAP_SYS_RESOURCE = 24;

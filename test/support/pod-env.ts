@@ -119,6 +119,8 @@ export async function startPodEnv(
     containerdRelease?: string;
     /** `disable_pause_image_pull = true` on tsbox's handlers, as `tsbox install` sets it for containerd 2.4. */
     disablePauseImagePull?: boolean;
+    /** containerd's NRI on, for a test plugin (nriSocket). */
+    nri?: boolean;
   } = {},
 ): Promise<PodEnv> {
   const missing = containerdUnavailableReason(containerdRelease(options.containerdRelease ?? process.env['TSBOX_E2E_CONTAINERD']));
@@ -155,6 +157,7 @@ export async function startPodEnv(
       stateOnTmpfs: options.runOnTmpfs === true,
       ...(options.containerdRelease === undefined ? {} : { release: options.containerdRelease }),
       ...(options.disablePauseImagePull === true ? { handlerToml: '  disable_pause_image_pull = true\n' } : {}),
+      ...(options.nri === true ? { nri: true } : {}),
       extraToml: (paths) => `
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.${RUNC_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
