@@ -2,12 +2,13 @@
 # The whole test suite, from a fresh machine: installs what the tests need (containerd 2.x
 # from Debian, the reference .proto files, the user-mode Linux kernel, npm packages), builds,
 # runs the hostile-peer tier alone (its bounds are answers within a second under attack), then
-# checks lint and generated code and runs the other tests in four lanes at once:
+# checks lint and generated code and runs the other tests in five lanes at once:
 #
 #   critest   on this machine: Kubernetes' CRI validation suite on podsandbox, then on tsbox
 #             pods of each route against podsandbox's results; then on containerd 2.3.4 (the
-#             long-term release): critest v1.36 on podsandbox and tsbox pods, and the pods,
-#             restart, CRI and churn tests
+#             long-term release) critest v1.36 on podsandbox and tsbox pods
+#   containerd 2.3   on this machine: the pods (both routes), restart, CRI and churn tests on
+#             containerd 2.3.4
 #   machine   on this machine: generated code, lint, then the unit, integration and
 #             end-to-end tiers, two test files at a time
 #   node A    a cgroup v2 node with systemd (user-mode Linux, scripts/test-uml-node.sh): the
@@ -112,15 +113,25 @@ machine_tests() {
     dist/test/unit/*.test.js dist/test/integration/*.test.js dist/test/e2e/*.test.js || rc=1
   return "$rc"
 }
-step "in the background: node A -> $logs/node-a.log, node B -> $logs/node-b.log, the machine's tests -> $logs/machine.log"
+# containerd 2.3.4's end-to-end tiers: pods on both routes, restarts, CRI, churn (20 pods per
+# route). Mostly waiting on containerd and runc, so a lane of its own from the start.
+containerd23_tests() {
+  exec 8>&-
+  part "containerd 2.3" "end-to-end on containerd 2.3.4" env TSBOX_E2E_CONTAINERD=2.3.4 TSBOX_CHURN_PODS=20 \
+    node --test --test-concurrency=1 --expose-gc dist/test/e2e/pods-task-api.test.js dist/test/e2e/pods.test.js \
+    dist/test/e2e/restart.test.js dist/test/e2e/cri.test.js dist/test/e2e/churn.test.js
+}
+step "in the background: node A -> $logs/node-a.log, node B -> $logs/node-b.log, the machine's tests -> $logs/machine.log, containerd 2.3.4's -> $logs/containerd-2.3.log"
 node_lane_a > "$logs/node-a.log" 2>&1 &
 lane_a=$!
 node_lane_b > "$logs/node-b.log" 2>&1 &
 lane_b=$!
 machine_tests > "$logs/machine.log" 2>&1 &
 lane_m=$!
+containerd23_tests > "$logs/containerd-2.3.log" 2>&1 &
+lane_c=$!
 # Whatever ends this script ends the lanes too (uml-node.sh kills its node on TERM).
-trap 'kill -TERM "$lane_a" "$lane_b" "$lane_m" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+trap 'kill -TERM "$lane_a" "$lane_b" "$lane_m" "$lane_c" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 
 step "CRI validation (critest): containerd's podsandbox, the reference for every run on tsbox"
 part critest "podsandbox" bash scripts/critest.sh --podsandbox || failed+=("critest on podsandbox")
@@ -129,16 +140,13 @@ exec 8>&-
 step "CRI validation (critest): tsbox pods of each route against podsandbox's results"
 part critest "tsbox (both routes)" bash scripts/critest.sh --reference .cache/critest-podsandbox.json || failed+=("critest on this machine")
 # containerd 2.3, the long-term release (unpacked by install-containerd.sh): critest v1.36, which
-# also checks what CRI v1.33 to v1.36 added, on podsandbox and on tsbox pods; then the
-# end-to-end tiers of pods (both routes), restarts, CRI and churn. 2.3's and 2.4's own asks are
-# test/e2e/containerd-2.3.test.ts and containerd-2.4.test.ts, in the machine's tests.
+# also checks what CRI v1.33 to v1.36 added, on podsandbox and on tsbox pods (after the runs
+# above: critest's registry and bridge are one per machine). Its end-to-end tiers are lane
+# "containerd 2.3"; 2.3's and 2.4's own asks are test/e2e/containerd-2.3.test.ts and
+# containerd-2.4.test.ts, in the machine's tests.
 step "containerd 2.3.4: critest v1.36 on podsandbox and on tsbox pods (Task API route)"
 part critest "containerd 2.3.4: critest v1.36" env CRITEST_CONTAINERD=2.3.4 CRITEST_BIN_DIR=../shared/tools/critest/bin-v1.36 CRITEST_ROUTES=task \
   bash scripts/critest.sh || failed+=("critest v1.36 on containerd 2.3.4")
-step "containerd 2.3.4: pods on both routes, restarts, CRI, churn"
-part critest "containerd 2.3.4: end-to-end" env TSBOX_E2E_CONTAINERD=2.3.4 TSBOX_CHURN_PODS=20 node --test --test-concurrency=1 --expose-gc \
-  dist/test/e2e/pods-task-api.test.js dist/test/e2e/pods.test.js dist/test/e2e/restart.test.js dist/test/e2e/cri.test.js dist/test/e2e/churn.test.js \
-  || failed+=("end-to-end tests on containerd 2.3.4")
 
 lane() { # name pid log
   local rc=0
@@ -148,6 +156,7 @@ lane() { # name pid log
   [ "$rc" -eq 0 ] || failed+=("$1 (exit $rc)")
 }
 lane "the machine's tests (generated code, lint, unit, integration, end-to-end)" "$lane_m" "$logs/machine.log"
+lane "containerd 2.3.4: pods on both routes, restarts, CRI, churn" "$lane_c" "$logs/containerd-2.3.log"
 
 lane "node A (cgroup v2, systemd): whole-pod tests, critest on the Task API route" "$lane_a" "$logs/node-a.log"
 lane "node B (cgroup v2, systemd): node tests, doctor, churn, critest on the shim route" "$lane_b" "$logs/node-b.log"

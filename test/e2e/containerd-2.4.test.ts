@@ -20,10 +20,12 @@ describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each 
   const harness = usePodEnv({ containerdRelease: RELEASE, disablePauseImagePull: true });
   const { withLogs, runPod, startContainer, removePod, assertNothingLeft, sh } = harness;
 
-  const usage = (stats: CriPodSandboxStats | null): { cpu: bigint; memory: bigint } => ({
-    cpu: BigInt(stats?.linux?.cpu?.usage_core_nano_seconds?.value ?? '0'),
-    memory: BigInt(stats?.linux?.memory?.usage_bytes?.value ?? '0'),
-  });
+  // CPU: reported (a tsbox pod's cgroup holds only its pause, which may not have used a
+  // microsecond yet; podsandbox's held runc's init too); memory: some in use.
+  const usage = (stats: CriPodSandboxStats | null): { cpu: bigint | undefined; memory: bigint } => {
+    const cpu = stats?.linux?.cpu?.usage_core_nano_seconds?.value;
+    return { cpu: cpu === undefined ? undefined : BigInt(cpu), memory: BigInt(stats?.linux?.memory?.usage_bytes?.value ?? '0') };
+  };
 
   test("a pod's CPU and memory from PodSandboxStats and ListPodSandboxStats, as podsandbox's; Metrics of a pod whose cgroup is gone is NOT_FOUND", () =>
     withLogs(async () => {
@@ -35,7 +37,7 @@ describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each 
         const { stats } = await harness.env.cri.call('PodSandboxStats', { pod_sandbox_id: pod });
         assert.equal(stats?.attributes?.id, pod);
         const { cpu, memory } = usage(stats);
-        assert.ok(cpu > 0n, `${pod === id ? 'tsbox' : 'podsandbox'}: CPU used ${cpu} ns`);
+        assert.ok(cpu !== undefined, `${pod === id ? 'tsbox' : 'podsandbox'}: CPU used reported (${String(cpu)} ns)`);
         assert.ok(memory > 0n, `${pod === id ? 'tsbox' : 'podsandbox'}: memory used ${memory} bytes`);
       }
       const listed = await harness.env.cri.call('ListPodSandboxStats', {});
