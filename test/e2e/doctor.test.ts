@@ -10,6 +10,8 @@ import path from 'node:path';
 import { type CommandResult, type Containerd, containerdUnavailableReason, runCommand, startContainerd } from '../support/containerd.js';
 import { type SandboxerDaemon, createSandboxerDaemon, makeTempDir, removeTree, tsboxMain, tsboxSandboxer, which } from '../support/tsbox-daemon.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
+import * as grpc from '@grpc/grpc-js';
+import { VersionService } from '../../src/gen/containerd/services/version/v1/version.js';
 
 function run(args: readonly string[], env: NodeJS.ProcessEnv = process.env): Promise<CommandResult> {
   return runCommand(process.execPath, [tsboxMain, ...args], 60_000, env);
@@ -98,6 +100,21 @@ describe('tsbox doctor', () => {
     // The running containerd's release, and what it does with a sandboxer (2.1: none of 2.3's or 2.4's asks).
     assert.match(r.stdout, /^note {2}containerd 2\.1\.\d+ ignores the pod's spec from Start/m);
     assert.doesNotMatch(r.stdout, /sandbox image/, 'containerd 2.1 pulls no pause image for tsbox pods');
+  });
+
+  test('a containerd of a release tsbox does not know: doctor names it and says what it did not check', async () => {
+    // A stand-in for containerd's socket whose version service says 2.9.1 (a later release).
+    const socket = path.join(scratch, 'later-containerd.sock');
+    const server = new grpc.Server();
+    server.addService(VersionService, { version: (_call: unknown, done: (err: null, res: { version: string; revision: string }) => void) => done(null, { version: 'v2.9.1', revision: 'test' }) });
+    await new Promise<void>((resolve, reject) => server.bindAsync(`unix:${socket}`, grpc.ServerCredentials.createInsecure(), (err) => (err === null ? resolve() : reject(err))));
+    try {
+      const r = await doctor({ args: ['--address', socket] });
+      assert.match(r.stdout, /^note {2}containerd 2\.9\.1 runs at \S+, a release tsbox does not know \(it knows 2\.0 to 2\.4\): what it asks of a sandboxer is not checked$/m, r.stdout);
+      assert.doesNotMatch(r.stdout, /sandbox image/);
+    } finally {
+      server.forceShutdown();
+    }
   });
 
   test('with the Task API route off, says the handler\'s containers use containerd\'s runc shim', async () => {
