@@ -18,7 +18,8 @@ const POD_SANDBOX_CONFIG = 'runtime.v1.PodSandboxConfig';
 const CRI_METADATA = 'github.com/containerd/cri/pkg/store/sandbox/Metadata';
 const OCI_SPEC = 'types.containerd.io/opencontainers/runtime-spec/1/Spec';
 
-const DEFAULT_PATH = 'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** The PATH a sandbox's process gets when its spec names none. */
+export const DEFAULT_PATH = 'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
 /** Does `typeUrl` name `fullName`, with or without a host prefix? */
 export function isType(typeUrl: string, fullName: string): boolean {

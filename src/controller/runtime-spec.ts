@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { TsboxError, messageOf } from '../base/errors.js';
 import type { LinuxContainerResources } from '../gen/runtime/v1/pod_sandbox_config.js';
 import { resourcesOf, sandboxLimits, type Resources } from './pod-spec.js';
+import { DEFAULT_PATH } from './launch-spec.js';
 import type { LaunchSpec } from './record.js';
 
 /**
@@ -82,7 +83,7 @@ export function podRuntimeSpec(spec: LaunchSpec, placement: SandboxPlacement, an
     process: {
       user: { uid: 0, gid: 0 },
       args: [...placement.args],
-      env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'],
+      env: [DEFAULT_PATH],
       cwd: '/',
       ...(limits?.oomScoreAdj === undefined ? {} : { oomScoreAdj: limits.oomScoreAdj }),
     },

@@ -13,8 +13,7 @@ import type { PodSandboxConfig } from '../support/containerd-clients.js';
 import { cgroupNode } from '../support/host.js';
 import { nriSocket } from '../support/containerd.js';
 import { type NriPod, connectNriPlugin } from '../support/nri-plugin.js';
-import { PAUSE_IMAGES, importTestImages } from '../support/images.js';
-import { RUNC_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv } from '../support/pod-env.js';
+import { RUNC_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv, withoutPauseImages } from '../support/pod-env.js';
 import { EXIT } from '../../src/ops/exit-codes.js';
 
 const RELEASE = '2.3.4';
@@ -171,17 +170,13 @@ describe(`containerd ${RELEASE}: the pod's spec and its resources updated in pla
       assert.match(present.stdout, /^note +containerd 2\.3\.4 keeps the pod's OCI spec tsbox returns from Start/m);
       assert.match(present.stdout, /^ok +containerd 2\.3\.4 pulls the sandbox image registry\.k8s\.io\/pause:3\.10\.2 at every RunPodSandbox, also for tsbox pods, which never run it: it is present$/m);
 
-      for (const image of PAUSE_IMAGES) await harness.env.containerd.ctr(['images', 'rm', image], { namespace: 'k8s.io' });
-      try {
+      await withoutPauseImages(harness.env, async () => {
         const absent = await doctor(harness.env, RELEASE);
         assert.equal(absent.code, EXIT.unhealthy, absent.stdout);
         assert.match(absent.stdout, /^FAIL +containerd 2\.3\.4 pulls the sandbox image registry\.k8s\.io\/pause:3\.10\.2 .*and it is not in namespace k8s\.io/m);
         assert.match(absent.stdout, /fix: pull or import registry\.k8s\.io\/pause:3\.10\.2 into namespace k8s\.io/);
         // What doctor warns of: this node reaches no registry.
         await assert.rejects(runPod(harness.env.podConfig('no-pause'), TSBOX_TASK_HANDLER), /failed to pull image "registry\.k8s\.io\/pause:3\.10\.2"/);
-      } finally {
-        // The archive the env imported at its start, in its work dir.
-        await importTestImages(harness.env.containerd, path.dirname(harness.env.logRoot));
-      }
+      });
     }));
 });

@@ -8,9 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { type CriPodSandboxStats, createSandboxClients } from '../support/containerd-clients.js';
-import path from 'node:path';
-import { PAUSE_IMAGES, importTestImages } from '../support/images.js';
-import { RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv } from '../support/pod-env.js';
+import { RUNC_HANDLER, TSBOX_HANDLER, TSBOX_TASK_HANDLER, doctor, usePodEnv, withoutPauseImages } from '../support/pod-env.js';
 import { waitFor } from '../support/tsbox-daemon.js';
 
 const RELEASE = '2.4.0-dev.20260822';
@@ -92,8 +90,7 @@ describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each 
 
   test('with disable_pause_image_pull on its handlers (as tsbox install sets it), a tsbox pod starts with no pause image on the node; doctor says so', () =>
     withLogs(async () => {
-      for (const image of PAUSE_IMAGES) await harness.env.containerd.ctr(['images', 'rm', image], { namespace: 'k8s.io' });
-      try {
+      await withoutPauseImages(harness.env, async () => {
         const r = await doctor(harness.env, RELEASE);
         assert.match(r.stdout, /^ok +containerd 2\.4\.0 pulls no sandbox image for tsbox pods \(disable_pause_image_pull on tsbox, tsbox-task\)$/m, r.stdout);
         assert.match(r.stdout, /^note +containerd 2\.4\.0 takes a pod's CPU and memory from tsbox's Metrics$/m);
@@ -105,9 +102,6 @@ describe(`containerd ${RELEASE}: pod stats through Metrics; Shutdown after each 
         await assert.rejects(runPod(harness.env.podConfig('no-pause-runc'), RUNC_HANDLER), /pause:3\.10\.2/);
         await removePod(id, [c]);
         await assertNothingLeft(id, [c]);
-      } finally {
-        // The archive the env imported at its start, in its work dir.
-        await importTestImages(harness.env.containerd, path.dirname(harness.env.logRoot));
-      }
+      });
     }));
 });

@@ -15,9 +15,8 @@ import {
   expectGrpcError,
   grpc,
 } from '../support/containerd-clients.js';
-import path from 'node:path';
 import { type Containerd, containerdUnavailableReason, releaseTraits, startContainerd, waitForCri } from '../support/containerd.js';
-import { importTestImages } from '../support/images.js';
+import { importSandboxImageWherePulled } from '../support/images.js';
 import {
   type SandboxerDaemon,
   processAlive,
@@ -58,9 +57,7 @@ describe('Kubernetes CRI pods on the sandboxer', () => {
     cri = client;
     // NetworkReady stays false (no CNI config): host-network pods do not need it.
     await waitForCri(client, ['RuntimeReady'], () => containerd?.logTail() ?? '', 30_000);
-    // As on a node: from containerd 2.3, which pulls the sandbox image for every pod (tsbox's
-    // too), it is there; before, a tsbox pod needs no image.
-    if (releaseTraits().pullsPauseImage) await importTestImages(containerd, path.dirname(containerd.paths.configPath));
+    await importSandboxImageWherePulled(containerd);
   });
 
   after(async () => {

@@ -23,8 +23,8 @@ import {
   grpc,
   timestampMs,
 } from '../support/containerd-clients.js';
-import { type Containerd, containerdUnavailableReason, releaseTraits, startContainerd, waitForCri } from '../support/containerd.js';
-import { importTestImages } from '../support/images.js';
+import { type Containerd, containerdUnavailableReason, startContainerd, waitForCri } from '../support/containerd.js';
+import { importSandboxImageWherePulled } from '../support/images.js';
 import { cgroupDirsOfNamespace, existingCgroupDirs, killSandboxLeftovers } from '../support/host.js';
 import { KILLED, OCI_SPEC_TYPE, exitOnTrigger, logRecords } from '../support/crash-invariants.js';
 import { type SandboxerDaemon, processAlive, startSandboxerDaemon, tsboxSandboxer, waitFor } from '../support/tsbox-daemon.js';
@@ -142,9 +142,7 @@ describe('restarts of containerd and of tsbox', () => {
     if (missing !== undefined) throw new Error(missing);
     sandboxer = await startSandboxerDaemon(tsboxSandboxer());
     containerd = await startContainerd({ sandboxerSocket: sandboxer.socketPath, sandboxerName });
-    // As on a node: from containerd 2.3, which pulls the sandbox image for every pod (tsbox's
-    // too), it is there; before, a tsbox pod needs no image.
-    if (releaseTraits().pullsPauseImage) await importTestImages(containerd, path.dirname(containerd.paths.configPath));
+    await importSandboxImageWherePulled(containerd);
   });
 
   after(async () => {

@@ -9,7 +9,7 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync, copyFileSync, chmodSync } from 'node:fs';
 import path from 'node:path';
 import { repoRoot } from './containerd-clients.js';
-import type { Containerd } from './containerd.js';
+import { type Containerd, releaseTraits } from './containerd.js';
 
 /** A busybox image: every applet in /bin, `sh` by default. */
 export const BUSYBOX_IMAGE = 'tsbox.test/busybox:1';
@@ -108,6 +108,15 @@ export function buildTestImages(dir: string): string {
   writeFileSync(path.join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.index.v1+json', manifests }));
   execFileSync('tar', ['-C', layout, '-cf', archive, '.']);
   return archive;
+}
+
+/**
+ * As on a node: the sandbox image is there where the release under test pulls it for every
+ * pod, tsbox's too (containerd 2.3 and later); before, a tsbox pod needs no image and none is
+ * imported. The archive is built in the containerd's own directory.
+ */
+export async function importSandboxImageWherePulled(containerd: Containerd): Promise<void> {
+  if (releaseTraits().pullsPauseImage) await importTestImages(containerd, containerd.paths.dir);
 }
 
 /** Imports the test images into containerd's `namespace` (CRI's is k8s.io) and unpacks them. */

@@ -26,7 +26,7 @@ import { cgroupMounts } from './host.js';
 import { stateLayout } from '../../src/state/layout.js';
 import { formerTaskDirs, taskDirs } from '../../src/tasks/serve.js';
 import { taskDirName } from '../../src/tasks/task-record.js';
-import { BUSYBOX_IMAGE, importTestImages } from './images.js';
+import { BUSYBOX_IMAGE, PAUSE_IMAGES, importTestImages } from './images.js';
 import {
   type SandboxerCommand,
   type SandboxerDaemon,
@@ -541,6 +541,19 @@ export function usePodEnv(
   };
 }
 
+
+/**
+ * Runs `body` on a node without the sandbox (pause) images (removed from CRI's namespace), then
+ * imports them again from the archive the env imported at its start.
+ */
+export async function withoutPauseImages(env: PodEnv, body: () => Promise<void>): Promise<void> {
+  for (const image of PAUSE_IMAGES) await env.containerd.ctr(['images', 'rm', image], { namespace: 'k8s.io' });
+  try {
+    await body();
+  } finally {
+    await importTestImages(env.containerd, path.dirname(env.logRoot));
+  }
+}
 
 /**
  * `tsbox doctor` as an operator runs it on the env's node: containerd's config, tsbox's socket
