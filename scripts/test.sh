@@ -42,12 +42,14 @@ times="$logs/times.tsv"
 suite_started=$SECONDS
 
 step() { printf '\n==> %s\n' "$*"; }
-# part LANE NAME COMMAND...: runs the command, records its time and outcome in $times.
+# part LANE NAME COMMAND...: runs the command, records its time and outcome in $times; what it
+# printed is also kept in a file of its own, whose end is printed again last when it failed.
 part() {
-  local lane="$1" name="$2" started=$SECONDS rc=0
+  local lane="$1" name="$2" started=$SECONDS rc=0 out
   shift 2
-  "$@" || rc=$?
-  printf '%s\t%s\t%s\t%s\t%s\n' "$lane" "$name" $((started - suite_started)) $((SECONDS - started)) "$rc" >> "$times"
+  out="$logs/part-$(printf '%s-%s' "$lane" "$name" | tr -c 'A-Za-z0-9.\n' '-').log"
+  if "$@" 2>&1 | tee "$out"; then rc=0; else rc=${PIPESTATUS[0]}; fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$lane" "$name" $((started - suite_started)) $((SECONDS - started)) "$rc" "$out" >> "$times"
   return "$rc"
 }
 
@@ -168,6 +170,12 @@ awk -F'\t' 'BEGIN { printf "%-8s %-40s %8s %8s  %s\n", "lane", "part", "started"
 printf 'the whole suite: %d s\n' $((SECONDS - suite_started))
 
 if [ "${#failed[@]}" -gt 0 ]; then
+  # Each failed part's last words, here at the end where a truncated log still shows them.
+  while IFS=$'\t' read -r lane name _ _ rc out; do
+    [ "$rc" = 0 ] && continue
+    step "$lane, $name: FAILED (exit $rc); the last 80 lines it printed ($out)"
+    tail -n 80 "$out"
+  done < "$times"
   printf '\nnpm test: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
