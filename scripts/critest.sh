@@ -87,8 +87,23 @@ run() { # handler work-dir [result-name focus]
     # pulls test-image-digest is skipped here), so that no sandbox image shares its tags.
     printf '%s\n' "test-image-digest pause:3.9" >> "$work/images/images.list"
   fi
-  CRITEST_WORK="$work" TSBOX_CMD="$tsbox_cmd" RESULT_NAME="${name:-$handler}" FOCUS="$focus" \
-    bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
+  local attempt
+  for attempt in 1 2; do
+    CRITEST_WORK="$work" TSBOX_CMD="$tsbox_cmd" RESULT_NAME="${name:-$handler}" FOCUS="$focus" \
+      bash "$tool/run-critest.sh" "$handler" > "$out" 2> "$err" || true
+    # critest ran (its log exists): its results say the rest.
+    [ -f "$work/results/${name:-$handler}/critest.log" ] && break
+    # The harness failed before critest started (its registry, an image push, containerd):
+    # what it said and the log it named, then one more try, saying so.
+    echo "critest: the harness stopped before critest ran (attempt $attempt); its stderr ($err), its end:" >&2
+    tail -n 8 "$err" >&2 || true
+    local named
+    named="$(grep -o '(see [^)]*)' "$err" | tail -n 1 | sed 's/^(see //; s/)$//' || true)"
+    if [ -n "$named" ] && [ -f "$named" ]; then
+      echo "--- $named, its end ---" >&2
+      tail -n 20 "$named" >&2
+    fi
+  done
   tail -n 1 "$out" >&2
 }
 # A spec's full name as a Go regexp that matches it literally (--ginkgo.focus).
