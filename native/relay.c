@@ -718,7 +718,7 @@ static int spare_fd = -1;
 static int listeners_resting;
 static int stopping, stop_code;
 
-static unsigned char chunk[READ_CHUNK];
+static unsigned char chunk[READ_CHUNK] SV_OWN_PAGES;
 static struct client *clients_head, *clients_tail;
 static size_t nclients;
 static struct client *dead_clients;

@@ -8,11 +8,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -278,6 +281,46 @@ void sv_answer_ok(pid_t self, pid_t pid) {
   answer_undo = NULL;
   if (sv_write_all(answer_fd, answer, (size_t)n) < 0) { /* tsbox reads the pid file instead */ }
   if (close(answer_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
+}
+
+/* ---- memory ---- */
+
+/* The lowest address of the main thread's stack ("[stack]" in /proc/self/maps); 0 if unknown.
+   Its own buffer is dead once it returns (not inlined: its frame is below the caller's). */
+static __attribute__((noinline)) uintptr_t stack_low(void) {
+  char maps[4096];
+  ssize_t n = sv_read_file("/proc/self/maps", maps, sizeof maps);
+  if (n <= 0) return 0;
+  const char *tag = strstr(maps, " [stack]");
+  if (tag == NULL) return 0;
+  const char *line = tag;
+  while (line > maps && line[-1] != '\n') line--;
+  char *end;
+  unsigned long long low = strtoull(line, &end, 16);
+  return end == line || *end != '-' ? 0 : (uintptr_t)low;
+}
+
+void sv_shed(void) {
+  /* Free chunks of the heap go back (glibc keeps them otherwise). */
+  (void)malloc_trim(0); /* 1 when it gave some back, 0 when there was none: both fine */
+  long page = sysconf(_SC_PAGESIZE);
+  uintptr_t low = stack_low();
+  if (page <= 0 || low == 0) return;
+  /* The frames below this one are done with; a page below it stays for the calls to come
+     (madvise's own frame among them). */
+  volatile char here = 0;
+  uintptr_t top = ((uintptr_t)&here & ~((uintptr_t)page - 1)) - (uintptr_t)page;
+  if (top <= low) return;
+  if (madvise((void *)low, top - low, MADV_DONTNEED) < 0) { /* the pages stay: more memory, nothing lost */ }
+}
+
+void sv_release(void *buf, size_t len) {
+  long page = sysconf(_SC_PAGESIZE);
+  if (page <= 0) return;
+  uintptr_t mask = (uintptr_t)page - 1;
+  uintptr_t from = ((uintptr_t)buf + mask) & ~mask, to = ((uintptr_t)buf + len) & ~mask;
+  if (to <= from) return;
+  if (madvise((void *)from, to - from, MADV_DONTNEED) < 0) { /* the pages stay: more memory, nothing lost */ }
 }
 
 /* ---- unix sockets ---- */

@@ -141,6 +141,27 @@ void sv_answer_detach(void);
 /* Answers "ok <self> <pid>\n" and closes the answer's descriptor; tsbox gone is nobody's loss. */
 void sv_answer_ok(pid_t self, pid_t pid);
 
+/* ---- memory ---- */
+
+/*
+ * Called once a long-lived program has started and is about to wait for the rest of its life:
+ * gives back what the start touched and no longer needs (free heap pages, the stack below the
+ * caller's frame), so that a pod's processes hold only their steady state. Nothing is lost when
+ * the kernel refuses: the pages just stay.
+ */
+void sv_shed(void);
+
+/* Gives back the whole pages of a buffer that holds nothing needed any more (it reads as
+   zeros afterwards); best effort, as sv_shed. */
+void sv_release(void *buf, size_t len);
+
+/*
+ * For a large static buffer that only some runs touch, or only at their start: on pages of its
+ * own, so that the small state every run keeps never shares a page with it (the build sorts the
+ * statics by alignment, which gathers the small ones).
+ */
+#define SV_OWN_PAGES __attribute__((aligned(4096)))
+
 /* ---- unix sockets ---- */
 
 /* A socket file sv_listen bound, known by its inode so that only it is ever removed. */

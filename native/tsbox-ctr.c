@@ -133,7 +133,7 @@ static int last_runc_error(char *out, size_t size) {
   path_in_dir(path, sizeof path, "runc.log");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
-  static char log[65536];
+  static char log[65536] SV_OWN_PAGES; /* read only when runc failed */
   struct stat st;
   if (fstat(fd, &st) < 0) {
     (void)close(fd); /* no log to read: the caller says runc failed without one */
@@ -459,17 +459,23 @@ static int open_exec_fifo(char *why, size_t whysize) {
   return 0;
 }
 
+/* A request line with a path in it. */
+#define CLIENT_LINE 4352
+
 struct client {
   int fd;
   int waiting;
   size_t len;
-  char buf[4352]; /* a request line with a path in it */
+  char *buf; /* CLIENT_LINE bytes of client_lines, the slot's own */
 };
 
 static struct client clients[MAX_CLIENTS];
+/* Apart from the clients, so that a slot's line touches only the pages of the slots in use. */
+static char client_lines[MAX_CLIENTS][CLIENT_LINE] SV_OWN_PAGES;
 static int nclients = 0;
 static int ctl_fd = -1;
-static char ctl_path[4096];
+/* <dir>/ctl: a unix socket's address. */
+static char ctl_path[sizeof ((struct sockaddr_un *)0)->sun_path];
 static struct sv_bound ctl_bound;
 static int started = 0;
 static int exited = 0;
@@ -479,7 +485,8 @@ static char exit_line[96];
 static int stdin_hold = -1, stdout_hold = -1, stderr_hold = -1;
 /* The tty relay: pty master, stdin FIFO (read), stdout FIFO (write). */
 static int master = -1, relay_in = -1, relay_out = -1;
-static char out_buf[RELAY_BUF], in_buf[RELAY_BUF];
+/* The terminal relay's buffers: touched only for a container with a terminal. */
+static char out_buf[RELAY_BUF] SV_OWN_PAGES, in_buf[RELAY_BUF] SV_OWN_PAGES;
 static size_t out_len = 0, in_len = 0;
 static int master_done = 0;
 
@@ -490,7 +497,10 @@ static void close_fd(int *fd) {
 
 static void drop_client(int i) {
   close_fd(&clients[i].fd);
+  /* The last client takes the slot; the slot's line goes to the one freed. */
+  char *line = clients[i].buf;
   clients[i] = clients[--nclients];
+  clients[nclients].buf = line;
 }
 
 /* Best effort: a client that is gone or not reading loses its answer, nobody else does. */
@@ -518,7 +528,7 @@ static int oom_fd = -1;
 /* v1: the eventfd fires as the cgroup meets its limit, before the kill is counted, and never
    after: each firing is counted as one. v2: memory.events changes again once the kill is. */
 static int oom_v1 = 0;
-static char oom_file[4096];
+static char oom_file[4096] SV_OWN_PAGES;
 /* The count when the watch began, and now. */
 static long long oom_base = 0, oom_kills = 0;
 
@@ -622,7 +632,7 @@ static void oom_event(void) {
    read from its init's /proc/PID/cgroup once runc has made it. */
 static const char *kill_mount = NULL;
 static int kill_v1 = 0;
-static char kill_dir[4096];
+static char kill_dir[4096] SV_OWN_PAGES;
 
 /* Sets kill_dir from PID's /proc/PID/cgroup; left empty (runc does the kill) when not found. */
 static void locate_kill_cgroup(pid_t pid) {
@@ -753,7 +763,7 @@ static void handle_request(struct client *c, char *line) {
 
 /* Reads what a client sent; handles each whole line. Returns 0 when the client is done. */
 static int serve_client(struct client *c) {
-  ssize_t n = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, MSG_DONTWAIT);
+  ssize_t n = recv(c->fd, c->buf + c->len, CLIENT_LINE - 1 - c->len, MSG_DONTWAIT);
   if (n < 0) return errno == EAGAIN || errno == EINTR;
   if (n == 0) return 0;
   c->len += (size_t)n;
@@ -766,7 +776,7 @@ static int serve_client(struct client *c) {
     memmove(c->buf, nl + 1, c->len - used);
     c->len -= used;
   }
-  return c->len < sizeof c->buf - 1; /* a line too long for any request: drop the client */
+  return c->len < CLIENT_LINE - 1; /* a line too long for any request: drop the client */
 }
 
 static void accept_clients(void) {
@@ -777,7 +787,8 @@ static void accept_clients(void) {
       close_fd(&fd);
       continue;
     }
-    clients[nclients++] = (struct client){.fd = fd, .waiting = 0, .len = 0};
+    char *line = clients[nclients].buf != NULL ? clients[nclients].buf : client_lines[nclients];
+    clients[nclients++] = (struct client){.fd = fd, .waiting = 0, .len = 0, .buf = line};
   }
 }
 
@@ -906,6 +917,14 @@ static int serve(int sigfd, int kill_all, const char *notify) {
 
 /* ---- main ---------------------------------------------------------------------------- */
 
+/* What the start takes from the command line. */
+struct start_args {
+  const char *bundle, *process, *in_path, *out_path, *err_path;
+  int terminal;
+};
+
+static int start_and_answer(const struct start_args *a);
+
 int holder_main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "exec") != 0)) {
     fprintf(stderr, "usage: tsbox-ctr create|exec --dir DIR --id ID --root R ... (see native/tsbox-ctr.c)\n");
@@ -949,7 +968,28 @@ int holder_main(int argc, char **argv) {
   if (exec_mode && direct_start) sv_fail("--direct-start is for the container's init, not an exec");
   if (exec_mode && unmount_rootfs) sv_fail("--unmount-rootfs is for the container's init, not an exec");
   bundle_dir = bundle;
+  const struct start_args start = {bundle, process, in_path, out_path, err_path, terminal};
+  int sigfd = start_and_answer(&start);
+  /* What only the start needed goes back: the holder keeps its steady state alone. */
+  sv_shed();
+  int rc = serve(sigfd, kill_all, notify);
+  close_fd(&master);
+  close_fd(&relay_out);
+  close_fd(&stdin_hold);
+  close_fd(&stdout_hold);
+  close_fd(&stderr_hold);
+  return exited ? rc : 2;
+}
 
+/*
+ * The holder's start: runs runc (create, or exec), writes the records and answers; returns the
+ * signalfd serve() reads. Not inlined: its frame (the start's buffers) is gone before the holder
+ * waits out the rest of its life.
+ */
+static __attribute__((noinline)) int start_and_answer(const struct start_args *a) {
+  const char *bundle = a->bundle, *process = a->process;
+  const char *in_path = a->in_path, *out_path = a->out_path, *err_path = a->err_path;
+  int terminal = a->terminal;
   /* The holder outlives tsbox and any terminal; stray signals must not end it. */
   if (sv_set_signals(sv_detached_signals, SIG_IGN) < 0) sv_fail("signal: %s", strerror(errno));
   /* Its own session (tsbox and tsbox-shim serve start it in one already: then EPERM). */
@@ -1048,12 +1088,5 @@ int holder_main(int argc, char **argv) {
   if (prctl(PR_SET_PDEATHSIG, 0) < 0) sv_fail("prctl PR_SET_PDEATHSIG: %s", strerror(errno));
   created = 0;
   sv_answer_ok(getpid(), proc_pid);
-
-  int rc = serve(sigfd, kill_all, notify);
-  close_fd(&master);
-  close_fd(&relay_out);
-  close_fd(&stdin_hold);
-  close_fd(&stdout_hold);
-  close_fd(&stderr_hold);
-  return exited ? rc : 2;
+  return sigfd;
 }

@@ -193,7 +193,7 @@ static void child_fail(const char *fmt, ...) {
 }
 
 /* The pause (native/pause.c), beside this program: what a sandbox without a command runs. */
-static char pause_path[PATH_MAX];
+static char pause_path[PATH_MAX] SV_OWN_PAGES; /* given back once the sandbox process runs */
 
 /* Finds the pause program beside this one (/proc/self/exe: the supervisor's own file, whatever
    name it was run by); a start without it fails before anything runs. */
@@ -505,7 +505,7 @@ static int umount_all_mode(const char *path) {
   return 1;
 }
 
-static int helper_mode(int argc, char **argv);
+static __attribute__((noinline)) int helper_mode(int argc, char **argv);
 
 /* The most a request may carry (an overlay's options name every layer), and keep of an answer:
    SERVE_MAX_ARGS and SERVE_MAX_BYTES (tsbox-contract.h, from src/runtime/helper-service.ts). */
@@ -552,7 +552,7 @@ static int spawn_mode(int nargs, char **args) {
     fprintf(stderr, "spawn: %.32s is not a count of environment entries (0 to %d)\n", args[2], nargs - 3);
     return 2;
   }
-  static char *envp[SERVE_MAX_ARGS + 1], *argv[SERVE_MAX_ARGS + 1];
+  static char *envp[SERVE_MAX_ARGS + 1] SV_OWN_PAGES, *argv[SERVE_MAX_ARGS + 1] SV_OWN_PAGES;
   for (long i = 0; i < nenv; i++) envp[i] = args[3 + i];
   envp[nenv] = NULL;
   int argc = 0;
@@ -1054,10 +1054,11 @@ static int run_relay(pid_t sandbox) {
 
 /* ---- the supervisor ---- */
 
-int main(int argc, char **argv) {
-  const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
-  if (argc > 0 && strcmp(slash == NULL ? argv[0] : slash + 1, HOLDER_NAME) == 0) return holder_main(argc, argv);
-  if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
+/*
+ * The supervisor's start, up to its answer: returns the sandbox process's pid. Not inlined: its
+ * frame (the start's buffers) is gone before the supervisor waits out the rest of its life.
+ */
+static __attribute__((noinline)) pid_t start_supervisor(int argc, char **argv) {
   sv_answer_undo(undo_start);
 
   for (int i = 1; i < argc; i++) {
@@ -1250,7 +1251,17 @@ int main(int argc, char **argv) {
   child = 0;
   relay_bound = 0;
   sv_answer_ok(getpid(), sandbox);
+  return sandbox;
+}
 
-  if (relay_mode) return run_relay(sandbox);
+int main(int argc, char **argv) {
+  const char *slash = argc > 0 ? strrchr(argv[0], '/') : NULL;
+  if (argc > 0 && strcmp(slash == NULL ? argv[0] : slash + 1, HOLDER_NAME) == 0) return holder_main(argc, argv);
+  if (argc > 1 && argv[1][0] != '-') return helper_mode(argc, argv);
+  pid_t sandbox = start_supervisor(argc, argv);
+  /* What only the start needed goes back: the pod's process keeps its steady state alone. */
+  sv_release(pause_path, sizeof pause_path);
+  sv_shed();
+  if (opt.task_socket != NULL) return run_relay(sandbox);
   return record_exit(sandbox);
 }

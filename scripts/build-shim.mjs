@@ -87,7 +87,7 @@ const sources = ['tsbox-shim.c', 'relay.c', 'tsbox-ctr.c', 'supervise.c'].map((s
 const aliases = ['tsbox-ctr'];
 const warnings = ['-Wall', '-Wextra', '-Werror', '-Wl,--fatal-warnings'];
 const builds = {
-  bin: ['-O2', '-static', '-fno-inline-functions-called-once', ...warnings],
+  bin: ['-O2', '-static', '-fno-inline-functions-called-once', '-fdata-sections', '-Wl,--sort-section=alignment', ...warnings],
   'bin-sanitize': ['-fsanitize=address,undefined', '-fno-sanitize-recover=all', '-fno-omit-frame-pointer', '-g', '-O1', ...warnings],
 };
 const cc = process.env.CC ?? 'cc';
