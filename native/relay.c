@@ -179,7 +179,7 @@ static void log_num(struct line *l, const char *key, long long value) {
 
 /* Node's name for an errno ("ECONNRESET") and its text, as its errors carry them. */
 static const char *errno_name(int e) {
-  const char *name = strerrorname_np(e);
+  const char *name = sv_errno_name(e);
   return name != NULL ? name : "EUNKNOWN";
 }
 

@@ -283,6 +283,30 @@ void sv_answer_ok(pid_t self, pid_t pid) {
   if (close(answer_fd) < 0) { /* nothing reads the answer any more: nobody to tell */ }
 }
 
+/* ---- errors ---- */
+
+const char *sv_errno_name(int e) {
+  switch (e) {
+#define NAME(x) \
+  case x: \
+    return #x;
+    NAME(EPERM) NAME(ENOENT) NAME(ESRCH) NAME(EINTR) NAME(EIO) NAME(ENXIO) NAME(E2BIG) NAME(ENOEXEC)
+    NAME(EBADF) NAME(ECHILD) NAME(EAGAIN) NAME(ENOMEM) NAME(EACCES) NAME(EFAULT) NAME(EBUSY)
+    NAME(EEXIST) NAME(EXDEV) NAME(ENODEV) NAME(ENOTDIR) NAME(EISDIR) NAME(EINVAL) NAME(ENFILE)
+    NAME(EMFILE) NAME(ENOTTY) NAME(ETXTBSY) NAME(EFBIG) NAME(ENOSPC) NAME(ESPIPE) NAME(EROFS)
+    NAME(EMLINK) NAME(EPIPE) NAME(EDOM) NAME(ERANGE) NAME(EDEADLK) NAME(ENAMETOOLONG) NAME(ENOLCK)
+    NAME(ENOSYS) NAME(ENOTEMPTY) NAME(ELOOP) NAME(ENOMSG) NAME(EOVERFLOW) NAME(EBADFD) NAME(ENOTSOCK)
+    NAME(EDESTADDRREQ) NAME(EMSGSIZE) NAME(EPROTOTYPE) NAME(ENOPROTOOPT) NAME(EPROTONOSUPPORT)
+    NAME(EOPNOTSUPP) NAME(EAFNOSUPPORT) NAME(EADDRINUSE) NAME(EADDRNOTAVAIL) NAME(ENETDOWN)
+    NAME(ENETUNREACH) NAME(ECONNABORTED) NAME(ECONNRESET) NAME(ENOBUFS) NAME(EISCONN) NAME(ENOTCONN)
+    NAME(ETIMEDOUT) NAME(ECONNREFUSED) NAME(EHOSTUNREACH) NAME(EALREADY) NAME(EINPROGRESS)
+    NAME(ESTALE) NAME(EDQUOT) NAME(ECANCELED) NAME(EOWNERDEAD) NAME(EPROTO)
+#undef NAME
+    default:
+      return NULL;
+  }
+}
+
 /* ---- memory ---- */
 
 /* The lowest address of the main thread's stack ("[stack]" in /proc/self/maps); 0 if unknown.
@@ -302,7 +326,9 @@ static __attribute__((noinline)) uintptr_t stack_low(void) {
 
 void sv_shed(void) {
   /* Free chunks of the heap go back (glibc keeps them otherwise). */
+#ifdef __GLIBC__
   (void)malloc_trim(0); /* 1 when it gave some back, 0 when there was none: both fine */
+#endif /* musl's allocator gives freed pages back by itself */
   long page = sysconf(_SC_PAGESIZE);
   uintptr_t low = stack_low();
   if (page <= 0 || low == 0) return;

@@ -117,6 +117,9 @@ int sv_record_exit(const char *dir, const struct sv_exit *e, const char *notify,
 /* What a detached supervising program ignores (0-ended): SIGHUP, SIGINT, SIGTERM, SIGPIPE. */
 extern const int sv_detached_signals[];
 
+/* An errno's name ("ENOENT"), whatever the C library; NULL for one not in the table. */
+const char *sv_errno_name(int e);
+
 /* Sets the disposition of each of `sigs` (0-ended); 0, or -1 with errno. */
 int sv_set_signals(const int *sigs, void (*handler)(int));
 

@@ -130,6 +130,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -292,14 +293,9 @@ static int lock_mode(const char *path) {
 /* "No such file or directory (ENOENT)": the message and the errno's name. */
 static const char *errno_text(int e) {
   static char text[128];
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  const char *name = strerrorname_np(e);
-  if (name != NULL) {
-    snprintf(text, sizeof text, "%s (%s)", strerror(e), name);
-    return text;
-  }
-#endif
-  snprintf(text, sizeof text, "%s (errno %d)", strerror(e), e);
+  const char *name = sv_errno_name(e);
+  if (name != NULL) snprintf(text, sizeof text, "%s (%s)", strerror(e), name);
+  else snprintf(text, sizeof text, "%s (errno %d)", strerror(e), e);
   return text;
 }
 
@@ -852,8 +848,9 @@ static int join_cgroup(const char *cgroup) {
 
 /* Closes every descriptor from `from` up except `keep`; -1 with errno. */
 static int close_from(unsigned from, unsigned keep) {
-  if (keep > from && close_range(from, keep - 1, 0) < 0) return -1;
-  return close_range(keep >= from ? keep + 1 : from, ~0u, 0);
+  /* close_range(2) by number: not every C library has the wrapper (Linux 5.9 has the call). */
+  if (keep > from && syscall(SYS_close_range, from, keep - 1, 0) < 0) return -1;
+  return (int)syscall(SYS_close_range, keep >= from ? keep + 1 : from, ~0u, 0);
 }
 
 /*
@@ -1041,7 +1038,9 @@ static int run_relay(pid_t sandbox) {
   /* Buffers of 128 KiB and more (frames on their way, answers queued) are mapped and given
      back whole when freed: glibc's moving threshold would otherwise keep what an attack made
      the relay hold in its heap for good. */
+#ifdef __GLIBC__
   if (mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 0) relay_log_errno(RELAY_WARN, "cannot set the heap's mapping threshold", EINVAL, "mallopt", "M_MMAP_THRESHOLD");
+#endif /* musl maps large buffers and gives them back whole by itself */
   /* A sandbox that ended before the signalfd was watched. */
   reap_children();
   int rc = relay_run();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs containerd 2.x (and runc) from Debian's sid suite on Debian 12, pinned low so that
 # nothing else on the machine is upgraded. Idempotent: does nothing when containerd >= 2 is
-# already on PATH. Also unpacks the reference .proto packages the wire tests compare against
+# already on PATH. Also installs musl-tools (the pod's programs' C library) and unpacks the reference .proto packages the wire tests compare against
 # into .cache/debian-protos (never installed, only read).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -41,6 +41,14 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   sid_apt_update
   log "installing systemd (for systemd-analyze)"
   apt-get install -y -qq --no-install-recommends systemd >/dev/null
+fi
+
+# The program a pod runs (native/, scripts/build-shim.mjs) is linked with musl where it is
+# installed: Debian's musl-tools, from the release itself.
+if ! command -v musl-gcc >/dev/null 2>&1; then
+  sid_apt_update
+  log "installing musl-tools (the C library the pod's programs are linked with)"
+  apt-get install -y -qq --no-install-recommends musl-tools >/dev/null
 fi
 
 # Downloads Debian packages (never installs them) and unpacks them all into DEST.
