@@ -102,7 +102,7 @@ const builds = {
 for (const [dir, { cc: compiler, flags }] of Object.entries(builds)) {
   const out = join(root, 'dist', dir, program);
   // The compiler it was built with: another one (musl installed since) builds it again.
-  const stamp = join(root, 'dist', dir, `.${program}.cc`);
+  const stamp = join(generated, `${dir}-${program}.cc`);
   let built = '';
   try {
     built = readFileSync(stamp, 'utf8');
