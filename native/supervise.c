@@ -333,11 +333,10 @@ void sv_shed(void) {
   uintptr_t low = stack_low();
   if (page <= 0 || low == 0) return;
   /* The frames below this one are done with; a page below it stays for the calls to come
-     (madvise's own frame among them). */
+     (sv_release's and madvise's own frames among them). */
   volatile char here = 0;
   uintptr_t top = ((uintptr_t)&here & ~((uintptr_t)page - 1)) - (uintptr_t)page;
-  if (top <= low) return;
-  if (madvise((void *)low, top - low, MADV_DONTNEED) < 0) { /* the pages stay: more memory, nothing lost */ }
+  if (top > low) sv_release((void *)low, top - low);
 }
 
 void sv_release(void *buf, size_t len) {
