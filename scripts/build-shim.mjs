@@ -90,7 +90,7 @@ const cc = process.env.CC ?? 'cc';
 // The program every pod runs two or more of is linked with musl where it is installed (Debian's
 // musl-tools; npm test installs it): a static musl program is a sixth of a static glibc one
 // (147 against 875 KB of code) and writes a few pages of its own where glibc's start writes
-// eight, which each process of a pod keeps for its life. Elsewhere it is the system's C compiler
+// eight to ten, which each process of a pod keeps for its life. Elsewhere it is the system's C compiler
 // and library. The sanitizer build is always the system's (AddressSanitizer needs glibc).
 const onPath = (name) => (process.env.PATH ?? '').split(':').some((dir) => { try { return statSync(join(dir, name)).isFile(); } catch { return false; /* not there */ } });
 const podCc = process.env.TSBOX_POD_CC ?? (onPath('musl-gcc') ? 'musl-gcc' : cc);
