@@ -31,6 +31,7 @@ const load = (module) => import(pathToFileURL(join(root, 'dist', 'src', module))
 const limits = await load('ttrpc/limits.js');
 const podLink = await load('ttrpc/pod-link.js');
 const helper = await load('runtime/helper-service.js');
+const { findOnPath } = await load('config/containerd-config.js');
 const whole = (name, value, suffix) => {
   if (!Number.isSafeInteger(value) || value < 0) throw new Error(`${name} is not a whole number: ${value}`);
   return `#define ${name} ${value}${suffix}`;
@@ -92,8 +93,7 @@ const cc = process.env.CC ?? 'cc';
 // (147 against 875 KB of code) and writes a few pages of its own where glibc's start writes
 // eight to ten, which each process of a pod keeps for its life. Elsewhere it is the system's C compiler
 // and library. The sanitizer build is always the system's (AddressSanitizer needs glibc).
-const onPath = (name) => (process.env.PATH ?? '').split(':').some((dir) => { try { return statSync(join(dir, name)).isFile(); } catch { return false; /* not there */ } });
-const podCc = process.env.TSBOX_POD_CC ?? (onPath('musl-gcc') ? 'musl-gcc' : cc);
+const podCc = process.env.TSBOX_POD_CC ?? (findOnPath('musl-gcc') !== undefined ? 'musl-gcc' : cc);
 if (podCc === cc && process.env.TSBOX_POD_CC === undefined) process.stderr.write(`build-shim: musl-gcc not found: ${program} is linked with the system's C library (install musl-tools for smaller pod processes)\n`);
 const builds = {
   bin: { cc: podCc, flags: ['-O2', '-static', '-fno-inline-functions-called-once', '-fdata-sections', '-Wl,--sort-section=alignment', ...warnings] },
